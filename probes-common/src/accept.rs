@@ -1,0 +1,53 @@
+//! accept(2)/accept4(2) latency: the syscall tracepoints' enter and exit are
+//! paired per thread in the kernel, and each successful accept becomes one
+//! [`AcceptEvent`].
+
+use crate::TASK_COMM_LEN;
+
+/// Per-thread map from `pid_tgid` to the [`AcceptStart`] of an accept in flight.
+pub const ACCEPT_START_MAP: &str = "ACCEPT_START";
+pub const ACCEPT_START_MAX_ENTRIES: u32 = 16384;
+
+/// Global holding the offset of the listening `fd` in `sys_enter_accept{,4}`.
+pub const ENTER_FD_OFFSET_GLOBAL: &str = "ACCEPT_ENTER_FD_OFFSET";
+/// Global holding the offset of `ret` in `sys_exit_accept{,4}`.
+pub const EXIT_RET_OFFSET_GLOBAL: &str = "ACCEPT_EXIT_RET_OFFSET";
+
+/// Programs and the tracepoints each one attaches to.
+pub const ENTER_PROGRAM: &str = "accept_enter";
+pub const EXIT_PROGRAM: &str = "accept_exit";
+pub const ENTER_TRACEPOINTS: [&str; 2] = ["sys_enter_accept", "sys_enter_accept4"];
+pub const EXIT_TRACEPOINTS: [&str; 2] = ["sys_exit_accept", "sys_exit_accept4"];
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AcceptStart {
+    pub start_ns: u64,
+    pub listen_fd: i32,
+    /// Explicit so the type has no implicit padding.
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AcceptEvent {
+    /// Always [`crate::event::EventKind::Accept`].
+    pub kind: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub listen_fd: i32,
+    /// The accepted connection's fd (the syscall's return value).
+    pub conn_fd: i32,
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns()` when the thread entered accept.
+    pub start_ns: u64,
+    /// Time spent inside the syscall, including any wait for a connection.
+    pub latency_ns: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+#[cfg(feature = "user")]
+mod user {
+    unsafe impl aya::Pod for super::AcceptStart {}
+    unsafe impl aya::Pod for super::AcceptEvent {}
+}

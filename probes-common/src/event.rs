@@ -1,0 +1,28 @@
+//! The ring buffer carries several event types; each starts with a `u32` kind
+//! so userspace can tell them apart before reading the rest.
+
+/// Name of the ring buffer map every probe writes to.
+pub const EVENTS_MAP: &str = "EVENTS";
+
+/// Size of the ring buffer in bytes (a power of two, multiple of the page size).
+pub const EVENTS_RING_BYTES: u32 = 1 << 20;
+
+/// Probes submit without waking the consumer (a wakeup per event costs
+/// microseconds); they force a wakeup once this much data is waiting, and the
+/// consumer also drains on a short timer.
+pub const EVENTS_WAKEUP_BYTES: u64 = (EVENTS_RING_BYTES / 4) as u64;
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Accept = 1,
+}
+
+impl EventKind {
+    pub fn from_u32(kind: u32) -> Option<Self> {
+        match kind {
+            1 => Some(Self::Accept),
+            _ => None,
+        }
+    }
+}

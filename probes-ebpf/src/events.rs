@@ -1,0 +1,44 @@
+//! The ring buffer every probe writes to, and the drop counters.
+
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    macros::map,
+    maps::{PerCpuArray, RingBuf, ring_buf::RingBufEntry},
+};
+use probes_common::{
+    event::{EVENTS_RING_BYTES, EVENTS_WAKEUP_BYTES},
+    stats::{STAT_COUNT, Stat},
+};
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
+
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+
+pub fn count(stat: Stat) {
+    if let Some(slot) = STATS.get_ptr_mut(stat as u32) {
+        // Per-CPU slot and tracepoint programs do not nest on one CPU: no atomics needed.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Reserves room for one event, counting a drop when the ring is full.
+pub fn reserve<T: 'static>() -> Option<RingBufEntry<T>> {
+    let entry = EVENTS.reserve::<T>(0);
+    if entry.is_none() {
+        count(Stat::RingbufFull);
+    }
+    entry
+}
+
+/// Submits without a wakeup unless the consumer has fallen behind: a wakeup per
+/// event would cost microseconds per accept.
+pub fn submit<T>(entry: RingBufEntry<T>) {
+    let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= EVENTS_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(flags as u64);
+}
