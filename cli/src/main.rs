@@ -1,2 +1,18 @@
-static PROBES: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/stackprobe"));
-fn main() { println!("{}", PROBES.len()); }
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use stackprobe::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Watch(args) => stackprobe::cmd::watch::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("stackprobe: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

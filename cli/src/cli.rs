@@ -1,0 +1,106 @@
+//! Command-line interface.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "stackprobe",
+    version,
+    about = "eBPF latency profiler for nginx / php-fpm / postgres stacks"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Attach the probes and report per watched process, each interval and at exit.
+    Watch(WatchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Process names to watch: a process's comm or its executable's basename
+    /// (a trailing version is ignored: `php-fpm` finds `php-fpm8.2`).
+    /// Processes that start later, and children of watched processes, are watched too.
+    #[arg(value_name = "NAME")]
+    pub names: Vec<String>,
+
+    /// Watch this process (tgid) and its children; repeatable.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Report every interval.
+    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
+    pub interval: Duration,
+
+    /// Print one JSON object per report instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Plain text output. The live dashboard is not built yet, so this is
+    /// what every run prints for now.
+    #[arg(long)]
+    pub no_tui: bool,
+
+    /// Report each kernel program's run count and ns per run (turns on the
+    /// kernel's BPF run-time statistics, which add ~20 ns to every BPF run).
+    #[arg(long)]
+    pub probe_cost: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (try 500ms, 10s or 2m)"))
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(10) {
+        return Err("must be at least 10ms".into());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_watch_line() {
+        let cli = Cli::try_parse_from([
+            "stackprobe",
+            "watch",
+            "nginx",
+            "postgres",
+            "--pid",
+            "42",
+            "--duration",
+            "10s",
+            "--interval",
+            "500ms",
+            "--json",
+        ])
+        .unwrap();
+        let Command::Watch(w) = cli.command;
+        assert_eq!(w.names, ["nginx", "postgres"]);
+        assert_eq!(w.pids, [42]);
+        assert_eq!(w.duration, Some(Duration::from_secs(10)));
+        assert_eq!(w.interval, Duration::from_millis(500));
+        assert!(w.json);
+    }
+
+    #[test]
+    fn rejects_bad_durations_and_unknown_options() {
+        assert!(Cli::try_parse_from(["stackprobe", "watch", "x", "--interval", "0s"]).is_err());
+        assert!(Cli::try_parse_from(["stackprobe", "watch", "x", "--duration", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["stackprobe", "watch", "x", "--frobnicate"]).is_err());
+        assert!(Cli::try_parse_from(["stackprobe", "watch", "--pid", "abc"]).is_err());
+    }
+}

@@ -1,0 +1,3 @@
+//! Subcommands: each wires probes, model and views together.
+
+pub mod watch;

@@ -1,0 +1,229 @@
+//! `stackprobe watch`: attach, follow the selected processes, report each
+//! interval and once more at exit.
+
+use std::{
+    collections::HashSet,
+    io::{self, Write},
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result, bail};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    time::{self, MissedTickBehavior},
+};
+
+use crate::{
+    cli::WatchArgs,
+    model::{
+        process::ProcessTable,
+        report::{Report, ReportKind},
+        selector::Selector,
+    },
+    probes::{
+        Options, Probes,
+        events::{DRAIN_PERIOD, Event, EventStream},
+    },
+    procfs, view,
+};
+
+pub fn run(args: WatchArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(watch(args))
+}
+
+async fn watch(args: WatchArgs) -> Result<()> {
+    let selector = Selector::new(args.names.clone(), args.pids.clone())?;
+    for &pid in selector.pids() {
+        match procfs::read(pid) {
+            Some(p) if p.is_process() => {}
+            Some(p) => bail!(
+                "{pid} is a thread of process {}; pass the process id",
+                p.tgid
+            ),
+            None => bail!("no process with pid {pid}"),
+        }
+    }
+
+    let mut probes = Probes::load(Options {
+        probe_cost: args.probe_cost,
+    })?;
+    probes.watch_names(&selector.kernel_comm_keys())?;
+    for &pid in selector.pids() {
+        probes.watch_pid(pid)?;
+    }
+    let mut table = ProcessTable::default();
+    let live = refresh_watch_set(&selector, &mut probes)?;
+    table.sync_watched(&live);
+    let mut events = EventStream::new(probes.take_events()?).context("polling the ring buffer")?;
+
+    let mut waiting = live.is_empty();
+    if waiting {
+        eprintln!(
+            "stackprobe: probes attached; no {} running yet, waiting for it (Ctrl-C to stop)",
+            selector.names().join(" or ")
+        );
+    } else {
+        eprintln!(
+            "stackprobe: probes attached; watching {} (Ctrl-C to stop)",
+            list(&live)
+        );
+    }
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let start = Instant::now();
+    let deadline = args.duration.map(|d| time::Instant::from_std(start + d));
+    let mut drain_tick = time::interval(DRAIN_PERIOD);
+    drain_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut report_tick = time::interval_at(
+        time::Instant::from_std(start + args.interval),
+        args.interval,
+    );
+    report_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last_report = start;
+    let mut out = io::stdout().lock();
+
+    let apply = |table: &mut ProcessTable, event: Event| match event {
+        Event::Accept(sample) => table.record_accept(&sample),
+    };
+
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = sighup.recv() => break,
+            _ = until(deadline) => break,
+            ready = events.readable() => {
+                ready.context("waiting on the ring buffer")?;
+                events.drain(|e| apply(&mut table, e));
+            }
+            _ = drain_tick.tick() => {
+                events.drain(|e| apply(&mut table, e));
+            }
+            _ = report_tick.tick() => {
+                events.drain(|e| apply(&mut table, e));
+                let live = refresh_watch_set(&selector, &mut probes)?;
+                table.sync_watched(&live);
+                if waiting && !live.is_empty() {
+                    waiting = false;
+                    eprintln!("stackprobe: now watching {}", list(&live));
+                }
+                let now = Instant::now();
+                let report = build_report(ReportKind::Interval, &table, &probes, now - last_report, now - start, args.probe_cost)?;
+                last_report = now;
+                table.reset_interval();
+                if !emit(&mut out, &report, args.json)? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    events.drain(|e| apply(&mut table, e));
+    let live = refresh_watch_set(&selector, &mut probes)?;
+    table.sync_watched(&live);
+    let elapsed = start.elapsed();
+    let summary = build_report(
+        ReportKind::Summary,
+        &table,
+        &probes,
+        elapsed,
+        elapsed,
+        args.probe_cost,
+    )?;
+    emit(&mut out, &summary, args.json)?;
+    if events.undecodable() > 0 {
+        eprintln!(
+            "stackprobe: warning: {} ring buffer records had an unknown layout (probe/userspace mismatch)",
+            events.undecodable()
+        );
+    }
+    Ok(())
+}
+
+async fn until(deadline: Option<time::Instant>) {
+    match deadline {
+        Some(d) => time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn build_report(
+    kind: ReportKind,
+    table: &ProcessTable,
+    probes: &Probes,
+    period: std::time::Duration,
+    elapsed: std::time::Duration,
+    probe_cost: bool,
+) -> Result<Report> {
+    let mut report = Report::build(kind, table, period, elapsed, probes.drops()?);
+    if probe_cost {
+        report.probe_cost = probes.costs()?;
+    }
+    Ok(report)
+}
+
+/// Writes one report; `false` once stdout is gone (e.g. `| head`), which ends
+/// the run quietly.
+fn emit(out: &mut impl Write, report: &Report, json: bool) -> Result<bool> {
+    let text = if json {
+        view::json::render(report) + "\n"
+    } else {
+        view::text::render(report) + "\n"
+    };
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e).context("writing the report"),
+    }
+}
+
+/// Adds to the kernel's watch set every running process selected by name and
+/// every child of a watched process (those forked before the fork probe was
+/// attached); returns the watched processes now alive, with their names.
+fn refresh_watch_set(selector: &Selector, probes: &mut Probes) -> Result<Vec<(u32, String)>> {
+    let procs = procfs::processes();
+    let mut watched: HashSet<u32> = probes.watched()?.into_iter().map(|(pid, _)| pid).collect();
+    for p in &procs {
+        if selector.matches_name(&p.comm, p.exe_basename.as_deref()) && watched.insert(p.pid) {
+            probes.watch_pid(p.pid)?;
+        }
+    }
+    loop {
+        let orphans: Vec<u32> = procs
+            .iter()
+            .filter(|p| !watched.contains(&p.pid) && watched.contains(&p.ppid))
+            .map(|p| p.pid)
+            .collect();
+        if orphans.is_empty() {
+            break;
+        }
+        for pid in orphans {
+            probes.watch_pid(pid)?;
+            watched.insert(pid);
+        }
+    }
+    Ok(procs
+        .iter()
+        .filter(|p| watched.contains(&p.pid))
+        .map(|p| (p.pid, p.comm.clone()))
+        .collect())
+}
+
+fn list(procs: &[(u32, String)]) -> String {
+    const SHOWN: usize = 8;
+    let mut names: Vec<String> = procs
+        .iter()
+        .take(SHOWN)
+        .map(|(pid, name)| format!("{name}[{pid}]"))
+        .collect();
+    if procs.len() > SHOWN {
+        names.push(format!("and {} more", procs.len() - SHOWN));
+    }
+    names.join(", ")
+}

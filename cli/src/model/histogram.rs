@@ -1,0 +1,264 @@
+//! Latency distributions: an HdrHistogram (1 ns .. 60 s at 3 significant
+//! digits, so every percentile is within 0.1% of the true value) plus the exact
+//! count, min, max and sum, which the histogram alone would round.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Longest latency the histogram resolves; longer samples are recorded as this
+/// value but still counted, and `max` keeps their exact value.
+pub const HIGHEST_NS: u64 = 60_000_000_000;
+pub const SIGNIFICANT_DIGITS: u8 = 3;
+
+#[derive(Clone, Debug)]
+pub struct LatencyHistogram {
+    hist: Histogram<u64>,
+    min: u64,
+    max: u64,
+    sum: u128,
+}
+
+/// The numbers a view shows for one distribution, all in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub count: u64,
+    pub min_ns: u64,
+    pub mean_ns: u64,
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub p999_ns: u64,
+    pub max_ns: u64,
+}
+
+/// One row of a bpftrace-style power-of-two histogram: `[lo, hi)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Log2Bucket {
+    pub lo: u64,
+    pub hi: u64,
+    pub count: u64,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LatencyHistogram {
+    pub fn new() -> Self {
+        Self {
+            hist: Histogram::new_with_bounds(1, HIGHEST_NS, SIGNIFICANT_DIGITS)
+                .expect("constant histogram bounds are valid"),
+            min: u64::MAX,
+            max: 0,
+            sum: 0,
+        }
+    }
+
+    pub fn record(&mut self, ns: u64) {
+        self.hist.saturating_record(ns);
+        self.min = self.min.min(ns);
+        self.max = self.max.max(ns);
+        self.sum += u128::from(ns);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.hist.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hist.is_empty()
+    }
+
+    pub fn add(&mut self, other: &LatencyHistogram) {
+        self.hist
+            .add(&other.hist)
+            .expect("histograms with equal bounds always add");
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        self.sum += other.sum;
+    }
+
+    pub fn reset(&mut self) {
+        self.hist.reset();
+        self.min = u64::MAX;
+        self.max = 0;
+        self.sum = 0;
+    }
+
+    /// The value at quantile `q` (0..=1), clamped to the exact min and max so a
+    /// percentile never lies outside what was observed.
+    pub fn quantile(&self, q: f64) -> u64 {
+        if self.is_empty() {
+            return 0;
+        }
+        self.hist.value_at_quantile(q).clamp(self.min, self.max)
+    }
+
+    pub fn summary(&self) -> Summary {
+        let count = self.count();
+        if count == 0 {
+            return Summary::default();
+        }
+        Summary {
+            count,
+            min_ns: self.min,
+            mean_ns: (self.sum / u128::from(count)) as u64,
+            p50_ns: self.quantile(0.50),
+            p90_ns: self.quantile(0.90),
+            p99_ns: self.quantile(0.99),
+            p999_ns: self.quantile(0.999),
+            max_ns: self.max,
+        }
+    }
+
+    /// Power-of-two buckets from the lowest to the highest non-empty one, empty
+    /// ones in between included (as bpftrace prints them). HdrHistogram's
+    /// sub-buckets never straddle a power of two, so these counts are exact.
+    pub fn log2_buckets(&self) -> Vec<Log2Bucket> {
+        let mut counts = [0u64; 65];
+        for v in self.hist.iter_recorded() {
+            let value = self.hist.lowest_equivalent(v.value_iterated_to());
+            counts[log2_index(value)] += v.count_at_value();
+        }
+        let Some(first) = counts.iter().position(|&c| c > 0) else {
+            return Vec::new();
+        };
+        let last = counts.iter().rposition(|&c| c > 0).unwrap_or(first);
+        (first..=last)
+            .map(|i| {
+                let (lo, hi) = log2_bounds(i);
+                Log2Bucket {
+                    lo,
+                    hi,
+                    count: counts[i],
+                }
+            })
+            .collect()
+    }
+}
+
+/// Index 0 holds the value 0; index i > 0 holds [2^(i-1), 2^i).
+fn log2_index(value: u64) -> usize {
+    (u64::BITS - value.leading_zeros()) as usize
+}
+
+fn log2_bounds(index: usize) -> (u64, u64) {
+    match index {
+        0 => (0, 1),
+        64 => (1 << 63, u64::MAX),
+        i => (1 << (i - 1), 1 << i),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_histogram_summarises_to_zeroes() {
+        let h = LatencyHistogram::new();
+        assert_eq!(h.summary(), Summary::default());
+        assert!(h.log2_buckets().is_empty());
+    }
+
+    #[test]
+    fn percentiles_of_one_to_thousand() {
+        let mut h = LatencyHistogram::new();
+        for v in 1..=1000 {
+            h.record(v * 1000);
+        }
+        let s = h.summary();
+        assert_eq!(s.count, 1000);
+        assert_eq!(s.min_ns, 1000);
+        assert_eq!(s.max_ns, 1_000_000);
+        assert_eq!(s.mean_ns, 500_500);
+        // Within HdrHistogram's 0.1% precision of the exact order statistics.
+        for (got, want) in [
+            (s.p50_ns, 500_000),
+            (s.p90_ns, 900_000),
+            (s.p99_ns, 990_000),
+            (s.p999_ns, 999_000),
+        ] {
+            let err = got.abs_diff(want) as f64 / want as f64;
+            assert!(err <= 0.001, "got {got}, want {want}");
+        }
+    }
+
+    #[test]
+    fn percentiles_never_exceed_exact_extremes() {
+        let mut h = LatencyHistogram::new();
+        h.record(123_457);
+        let s = h.summary();
+        assert_eq!(
+            (s.min_ns, s.p50_ns, s.p999_ns, s.max_ns),
+            (123_457, 123_457, 123_457, 123_457)
+        );
+    }
+
+    #[test]
+    fn samples_beyond_the_range_are_counted_and_max_is_exact() {
+        let mut h = LatencyHistogram::new();
+        h.record(HIGHEST_NS * 2);
+        assert_eq!(h.count(), 1);
+        assert_eq!(h.summary().max_ns, HIGHEST_NS * 2);
+    }
+
+    #[test]
+    fn log2_buckets_match_bpftrace_bounds() {
+        let mut h = LatencyHistogram::new();
+        for v in [0, 1, 3, 1023, 1024, 2047, 2048, 5000] {
+            h.record(v);
+        }
+        let b = h.log2_buckets();
+        let rows: Vec<(u64, u64, u64)> = b.iter().map(|b| (b.lo, b.hi, b.count)).collect();
+        assert_eq!(
+            rows,
+            vec![
+                (0, 1, 1),
+                (1, 2, 1),
+                (2, 4, 1),
+                (4, 8, 0),
+                (8, 16, 0),
+                (16, 32, 0),
+                (32, 64, 0),
+                (64, 128, 0),
+                (128, 256, 0),
+                (256, 512, 0),
+                (512, 1024, 1),
+                (1024, 2048, 2),
+                (2048, 4096, 1),
+                (4096, 8192, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn log2_buckets_are_exact_for_large_values() {
+        let mut h = LatencyHistogram::new();
+        // Both sides of 2^30 with HdrHistogram's coarse sub-buckets up there.
+        h.record((1 << 30) - 1);
+        h.record(1 << 30);
+        let b = h.log2_buckets();
+        assert_eq!(b.len(), 2);
+        assert_eq!((b[0].lo, b[0].count), (1 << 29, 1));
+        assert_eq!((b[1].lo, b[1].count), (1 << 30, 1));
+    }
+
+    #[test]
+    fn add_and_reset() {
+        let mut a = LatencyHistogram::new();
+        let mut b = LatencyHistogram::new();
+        a.record(10);
+        b.record(30);
+        a.add(&b);
+        assert_eq!(a.summary().count, 2);
+        assert_eq!(a.summary().mean_ns, 20);
+        assert_eq!(a.summary().max_ns, 30);
+        a.reset();
+        assert!(a.is_empty());
+        a.record(5);
+        assert_eq!(a.summary().min_ns, 5);
+    }
+}

@@ -1,0 +1,8 @@
+//! The pure model: histograms, the process table and the reports views
+//! render. It knows nothing of the kernel or the terminal, so it is
+//! unit-tested without root.
+
+pub mod histogram;
+pub mod process;
+pub mod report;
+pub mod selector;

@@ -1,0 +1,165 @@
+//! Loads the embedded eBPF object, attaches every probe and owns them: dropping
+//! [`Probes`] (normal exit, signal, or unwinding panic) detaches them all, and
+//! the kernel does the same if the process dies outright, since nothing is
+//! pinned.
+
+use std::os::fd::OwnedFd;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray, RingBuf},
+    programs::TracePoint,
+    sys::{Stats, enable_stats},
+};
+use probes_common::{
+    TASK_COMM_LEN,
+    event::EVENTS_MAP,
+    stats::{STATS_MAP, Stat},
+    watch::WatchReason,
+};
+
+use super::{accept, preflight, tracefs::Tracefs, watch};
+use crate::model::report::{Drops, ProgramCost};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/stackprobe"));
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Turn on the kernel's BPF run-time statistics while loaded, to report
+    /// what each probe costs (the kernel then adds ~20 ns to every BPF run).
+    pub probe_cost: bool,
+}
+
+pub struct Probes {
+    ebpf: Ebpf,
+    _stats: Option<OwnedFd>,
+    // Dropped last: unmounts tracefs if stackprobe mounted it.
+    _tracefs: Tracefs,
+}
+
+impl Probes {
+    pub fn load(options: Options) -> Result<Self> {
+        preflight::check_privileges()?;
+        let btf = preflight::load_btf()?;
+        let tracefs = Tracefs::open_or_mount()?;
+
+        let mut globals = accept::globals(&tracefs)?;
+        globals.extend(watch::globals(&tracefs)?);
+        let mut loader = EbpfLoader::new();
+        loader.btf(Some(&btf));
+        for (name, value) in &globals {
+            loader.override_global(name, value, true);
+        }
+        let mut ebpf = loader.load(OBJECT).context("loading the eBPF object")?;
+
+        let stats = if options.probe_cost {
+            Some(enable_stats(Stats::RunTime).context("enabling BPF run-time statistics")?)
+        } else {
+            None
+        };
+        // Watch-set programs first, so a watched process's children are
+        // followed before any accept is timed.
+        watch::attach(&mut ebpf, &tracefs)?;
+        accept::attach(&mut ebpf, &tracefs)?;
+        Ok(Self {
+            ebpf,
+            _stats: stats,
+            _tracefs: tracefs,
+        })
+    }
+
+    pub fn watch_names(&mut self, keys: &[[u8; TASK_COMM_LEN]]) -> Result<()> {
+        watch::add_names(&mut self.ebpf, keys)
+    }
+
+    pub fn watch_pid(&mut self, tgid: u32) -> Result<()> {
+        watch::add_pid(&mut self.ebpf, tgid)
+    }
+
+    pub fn watched(&mut self) -> Result<Vec<(u32, Option<WatchReason>)>> {
+        watch::pids(&mut self.ebpf)
+    }
+
+    /// The ring buffer every probe writes to; can be taken once.
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(EVENTS_MAP)
+            .ok_or_else(|| anyhow!("the events ring buffer was already taken"))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    pub fn drops(&self) -> Result<Drops> {
+        let map = self
+            .ebpf
+            .map(STATS_MAP)
+            .context("the probes lack the STATS map")?;
+        let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(map)?;
+        let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
+        Ok(Drops {
+            ringbuf_full: read(Stat::RingbufFull)?,
+            accept_start_full: read(Stat::AcceptStartFull)?,
+            watch_full: read(Stat::WatchFull)?,
+        })
+    }
+
+    /// Run counts and times per program; all zero unless loaded with
+    /// `probe_cost`.
+    pub fn costs(&self) -> Result<Vec<ProgramCost>> {
+        let mut out = Vec::new();
+        for (name, program) in self.ebpf.programs() {
+            let info = program
+                .info()
+                .with_context(|| format!("reading info of {name}"))?;
+            out.push(ProgramCost {
+                program: name.to_string(),
+                runs: info.run_count(),
+                run_time_ns: info.run_time().as_nanos() as u64,
+            });
+        }
+        out.sort_by(|a, b| a.program.cmp(&b.program));
+        Ok(out)
+    }
+
+    /// Kernel ids of every loaded program, so tests can check they go away.
+    pub fn program_ids(&self) -> Result<Vec<u32>> {
+        self.ebpf
+            .programs()
+            .map(|(name, p)| {
+                p.info()
+                    .map(|i| i.id())
+                    .with_context(|| format!("reading info of {name}"))
+            })
+            .collect()
+    }
+}
+
+/// Loads `program` and attaches it to each `category/event`, saying which
+/// hook this kernel lacks if one is missing.
+pub(super) fn attach_tracepoints(
+    ebpf: &mut Ebpf,
+    tracefs: &Tracefs,
+    program: &str,
+    category: &str,
+    events: &[&str],
+) -> Result<()> {
+    for event in events {
+        if !tracefs.has_event(category, event) {
+            bail!(
+                "this kernel has no tracepoint {category}/{event}, which stackprobe's {program} probe needs"
+            );
+        }
+    }
+    let tp: &mut TracePoint = ebpf
+        .program_mut(program)
+        .with_context(|| format!("the eBPF object has no program {program}"))?
+        .try_into()?;
+    tp.load()
+        .with_context(|| format!("loading {program} (the kernel's verifier refused it)"))?;
+    for event in events {
+        tp.attach(category, event)
+            .with_context(|| format!("attaching {program} to {category}/{event}"))?;
+    }
+    Ok(())
+}

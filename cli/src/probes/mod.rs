@@ -1,0 +1,12 @@
+//! Everything that talks to the kernel: preflight checks, tracefs layouts,
+//! loading and attaching the probes, and collecting their events. One module
+//! per probe, mirroring probes-ebpf.
+
+pub mod accept;
+pub mod events;
+pub mod loader;
+pub mod preflight;
+pub mod tracefs;
+pub mod watch;
+
+pub use loader::{Options, Probes};

@@ -1,0 +1,89 @@
+//! What /proc says about processes: the userspace half of process selection
+//! (the kernel half follows exec and fork).
+
+use std::{fs, path::Path};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: u32,
+    pub tgid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub exe_basename: Option<String>,
+}
+
+impl ProcInfo {
+    /// A process (thread-group leader) rather than one of its other threads.
+    pub fn is_process(&self) -> bool {
+        self.pid == self.tgid
+    }
+}
+
+pub fn read(pid: u32) -> Option<ProcInfo> {
+    let dir = Path::new("/proc").join(pid.to_string());
+    let status = fs::read_to_string(dir.join("status")).ok()?;
+    let (tgid, ppid) = parse_status(&status)?;
+    let comm = fs::read_to_string(dir.join("comm"))
+        .ok()?
+        .trim_end_matches('\n')
+        .to_string();
+    // Unreadable for kernel threads and vanished processes.
+    let exe_basename = fs::read_link(dir.join("exe")).ok().and_then(|p| {
+        let name = p.file_name()?.to_string_lossy().into_owned();
+        // An executable replaced on disk reads as "name (deleted)".
+        Some(
+            name.strip_suffix(" (deleted)")
+                .map(str::to_string)
+                .unwrap_or(name),
+        )
+    });
+    Some(ProcInfo {
+        pid,
+        tgid,
+        ppid,
+        comm,
+        exe_basename,
+    })
+}
+
+/// Every process (thread-group leader) now running.
+pub fn processes() -> Vec<ProcInfo> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(read)
+        .collect()
+}
+
+/// `(Tgid, PPid)` from /proc/PID/status.
+pub fn parse_status(status: &str) -> Option<(u32, u32)> {
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+    };
+    Some((field("Tgid:")?, field("PPid:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_tgid_and_ppid() {
+        let status = "Name:\tpostgres\nUmask:\t0077\nState:\tS (sleeping)\nTgid:\t812\nNgid:\t0\nPid:\t813\nPPid:\t1\n";
+        assert_eq!(parse_status(status), Some((812, 1)));
+        assert_eq!(parse_status("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = read(std::process::id()).unwrap();
+        assert!(me.is_process());
+        assert_eq!(me.ppid, std::os::unix::process::parent_id());
+        assert!(!me.comm.is_empty());
+    }
+}

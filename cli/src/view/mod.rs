@@ -1,0 +1,4 @@
+//! Views render the model's reports; they compute nothing of their own.
+
+pub mod json;
+pub mod text;
