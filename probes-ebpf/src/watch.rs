@@ -59,10 +59,12 @@ pub fn watch_fork(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn watch_exec(_ctx: TracePointContext) -> u32 {
     // comm is already the new program's name when sched_process_exec fires.
-    let Ok(comm) = bpf_get_current_comm() else {
+    let Ok(mut comm) = bpf_get_current_comm() else {
         return 0;
     };
-    if unsafe { WATCHED_NAMES.get(comm) }.is_some() {
+    let named = unsafe { WATCHED_NAMES.get(comm) }.is_some()
+        || (strip_version(&mut comm) && unsafe { WATCHED_NAMES.get(comm) }.is_some());
+    if named {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         if !is_watched(tgid) {
             watch(tgid, WatchReason::Exec);
@@ -80,4 +82,36 @@ pub fn watch_exit(_ctx: TracePointContext) -> u32 {
     let _ = WATCHED.remove(tid);
     crate::accept::forget_thread(pid_tgid);
     0
+}
+
+/// Cuts a trailing run of digits and dots (`php-fpm8.2` → `php-fpm`), unless
+/// that would leave nothing; returns whether it cut. The same rule as
+/// `Selector::matches_name` in userspace.
+#[inline(always)]
+fn strip_version(comm: &mut [u8; TASK_COMM_LEN]) -> bool {
+    const NONE: usize = TASK_COMM_LEN;
+    let mut len = TASK_COMM_LEN;
+    let mut run_start = NONE;
+    for (i, &c) in comm.iter().enumerate() {
+        if c == 0 {
+            len = i;
+            break;
+        }
+        if c.is_ascii_digit() || c == b'.' {
+            if run_start == NONE {
+                run_start = i;
+            }
+        } else {
+            run_start = NONE;
+        }
+    }
+    if run_start == 0 || run_start >= len {
+        return false;
+    }
+    for (i, c) in comm.iter_mut().enumerate() {
+        if i >= run_start {
+            *c = 0;
+        }
+    }
+    true
 }

@@ -1,0 +1,179 @@
+//! A loopback server and client whose every accept is known, for stackprobe's
+//! tests, benchmarks and demos. Bounded: it exits when stdin closes, after
+//! its commands, and in any case after `--max-seconds`.
+//!
+//! `stackprobe-loopback serve --tcp 127.0.0.1:0 [--unix PATH]` prints
+//! `pid N`, `tcp ADDR`, `unix PATH`, `ready`, then reads commands from stdin:
+//!   `accept N tcp|unix accept|accept4`  accept N connections with that
+//!       syscall, writing one byte to each before closing it; replies `accepted N`
+//!   `fork`  fork; the child (`child PID`) takes over the commands and the
+//!       parent waits for it
+//!   `exit`  exit (as does end of input)
+//!
+//! `stackprobe-loopback connect tcp|unix ADDR N` opens N connections one after
+//! another, reading the server's byte on each; prints `connected N`.
+
+use std::{
+    io::{self, BufRead, Read, Write},
+    net::{TcpListener, TcpStream},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        unix::net::{UnixListener, UnixStream},
+    },
+    process::ExitCode,
+};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("serve") => serve(&args[1..]),
+        Some("connect") => connect(&args[1..]),
+        _ => Err("usage: stackprobe-loopback serve --tcp ADDR [--unix PATH] [--max-seconds N] | connect tcp|unix ADDR N".into()),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("stackprobe-loopback: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, String>;
+
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.windows(2)
+        .find(|w| w[0] == name)
+        .map(|w| w[1].as_str())
+}
+
+fn serve(args: &[String]) -> Result<ExitCode> {
+    let max_seconds: u32 = flag(args, "--max-seconds")
+        .unwrap_or("120")
+        .parse()
+        .map_err(|e| format!("--max-seconds: {e}"))?;
+    // SAFETY: alarm only schedules SIGALRM, whose default action ends the process.
+    unsafe { libc::alarm(max_seconds) };
+    let tcp_addr = flag(args, "--tcp").unwrap_or("127.0.0.1:0");
+    let tcp = TcpListener::bind(tcp_addr).map_err(|e| format!("bind {tcp_addr}: {e}"))?;
+    let unix = match flag(args, "--unix") {
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            Some(UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?)
+        }
+        None => None,
+    };
+    let mut out = io::stdout();
+    let mut say = |line: String| -> Result<()> {
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .map_err(|e| e.to_string())
+    };
+    say(format!("pid {}", std::process::id()))?;
+    say(format!(
+        "tcp {}",
+        tcp.local_addr().map_err(|e| e.to_string())?
+    ))?;
+    if let Some(path) = flag(args, "--unix") {
+        say(format!("unix {path}"))?;
+    }
+    say("ready".into())?;
+
+    let stdin = io::stdin();
+    let mut lines = stdin.lock().lines();
+    while let Some(line) = lines.next() {
+        let line = line.map_err(|e| e.to_string())?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["accept", n, which, syscall] => {
+                let n: u64 = n.parse().map_err(|e| format!("accept count: {e}"))?;
+                let fd = match *which {
+                    "tcp" => tcp.as_raw_fd(),
+                    "unix" => unix.as_ref().ok_or("no --unix listener")?.as_raw_fd(),
+                    other => return Err(format!("unknown listener {other}")),
+                };
+                let plain = match *syscall {
+                    "accept" => true,
+                    "accept4" => false,
+                    other => return Err(format!("unknown syscall {other}")),
+                };
+                for _ in 0..n {
+                    accept_one(fd, plain)?;
+                }
+                say(format!("accepted {n}"))?;
+            }
+            ["fork"] => {
+                // SAFETY: this process is single-threaded, so the child may
+                // carry on with anything.
+                match unsafe { libc::fork() } {
+                    -1 => return Err(format!("fork: {}", io::Error::last_os_error())),
+                    0 => say(format!("child {}", std::process::id()))?,
+                    child => return Ok(wait_for(child)),
+                }
+            }
+            ["exit"] => break,
+            [] => {}
+            _ => return Err(format!("unknown command {line:?}")),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn accept_one(listen_fd: RawFd, plain: bool) -> Result<()> {
+    loop {
+        // SAFETY: plain syscalls on a listening socket we own; no address wanted.
+        let fd = unsafe {
+            if plain {
+                libc::accept(listen_fd, std::ptr::null_mut(), std::ptr::null_mut())
+            } else {
+                libc::accept4(
+                    listen_fd,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
+            }
+        };
+        if fd < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(format!("accept: {err}"));
+        }
+        // SAFETY: the kernel just returned this fd to us.
+        let conn = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut stream = std::fs::File::from(conn);
+        // The client waits for this byte, so it knows its connection was accepted.
+        return stream.write_all(b"x").map_err(|e| format!("write: {e}"));
+    }
+}
+
+fn wait_for(child: libc::pid_t) -> ExitCode {
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(child, &mut status, 0) };
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn connect(args: &[String]) -> Result<ExitCode> {
+    let [kind, addr, n] = args else {
+        return Err("usage: connect tcp|unix ADDR N".into());
+    };
+    let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
+    for _ in 0..n {
+        let mut byte = [0u8; 1];
+        match kind.as_str() {
+            "tcp" => TcpStream::connect(addr.as_str()).and_then(|mut s| s.read_exact(&mut byte)),
+            "unix" => UnixStream::connect(addr).and_then(|mut s| s.read_exact(&mut byte)),
+            other => return Err(format!("unknown kind {other}")),
+        }
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    }
+    println!("connected {n}");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,228 @@
+//! Root only: loads the real probes, makes known loopback traffic and checks
+//! what the probes saw, accept by accept.
+
+mod support;
+
+use std::{
+    os::unix::fs::symlink,
+    thread,
+    time::{Duration, Instant},
+};
+
+use stackprobe::{
+    model::{process::ProcessTable, report::Drops, selector::Selector},
+    probes::{
+        Options, Probes,
+        events::{Event, EventStream},
+    },
+};
+use support::*;
+
+struct Session {
+    probes: Probes,
+    events: EventStream,
+    table: ProcessTable,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Session {
+    fn start() -> Self {
+        require_root();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _enter = runtime.enter();
+        let mut probes = Probes::load(Options::default()).expect("loading the probes");
+        let events = EventStream::new(probes.take_events().unwrap()).unwrap();
+        Self {
+            probes,
+            events,
+            table: ProcessTable::default(),
+            _runtime: runtime,
+        }
+    }
+
+    /// Moves every event waiting in the ring buffer into the table. The
+    /// clients have read each server's byte, so every accept has returned
+    /// and its event is already in the ring.
+    fn collect(&mut self) -> usize {
+        let table = &mut self.table;
+        self.events.drain(|e| match e {
+            Event::Accept(s) => table.record_accept(&s),
+        })
+    }
+
+    fn accepts(&self, pid: u32) -> u64 {
+        self.table.get(pid).map_or(0, |p| p.accept.total.count())
+    }
+}
+
+#[test]
+fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("exact");
+    let mut watched = Server::start(Some(&dir.0.join("watched.sock")));
+    let mut other = Server::start(Some(&dir.0.join("other.sock")));
+    let mut s = Session::start();
+    s.probes.watch_pid(watched.pid).unwrap();
+
+    watched.accept_queued(25, false, "accept4");
+    watched.accept_queued(15, false, "accept");
+    watched.accept_queued(10, true, "accept4");
+    watched.accept_queued(7, true, "accept");
+    other.accept_queued(20, false, "accept4");
+    other.accept_queued(5, true, "accept");
+    s.collect();
+
+    assert_eq!(s.accepts(watched.pid), 25 + 15 + 10 + 7);
+    assert_eq!(
+        s.accepts(other.pid),
+        0,
+        "an unwatched server must not be reported"
+    );
+    assert!(s.table.get(other.pid).is_none());
+    let summary = s.table.get(watched.pid).unwrap().accept.total.summary();
+    // Every connection was already queued: each accept is a few µs of work.
+    // Bounds are loose because CI machines are noisy, but they are bounds.
+    assert!(summary.min_ns > 0, "{summary:?}");
+    assert!(
+        summary.max_ns < 100_000_000,
+        "a queued accept took {}ns",
+        summary.max_ns
+    );
+    assert_eq!(s.probes.drops().unwrap(), Drops::default());
+    assert_eq!(s.events.undecodable(), 0);
+    watched.stop();
+    other.stop();
+}
+
+#[test]
+fn a_blocking_accept_includes_its_wait() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+
+    server.send("accept 1 tcp accept4");
+    let wait = Duration::from_millis(300);
+    thread::sleep(wait);
+    tcp_connect_and_read(&server.tcp);
+    server.wait_accepted(1);
+    s.collect();
+
+    let summary = s.table.get(server.pid).unwrap().accept.total.summary();
+    assert_eq!(summary.count, 1);
+    // The server entered accept within moments of the command, then waited.
+    assert!(
+        summary.max_ns >= 250_000_000,
+        "latency {}ns should include the 300ms wait",
+        summary.max_ns
+    );
+    assert!(
+        summary.max_ns < 5_000_000_000,
+        "latency {}ns",
+        summary.max_ns
+    );
+    server.stop();
+}
+
+#[test]
+fn a_child_forked_by_a_watched_process_is_watched() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let parent = server.pid;
+    let mut s = Session::start();
+    s.probes.watch_pid(parent).unwrap();
+
+    // Forked after the probes attached: only the kernel's fork probe can know.
+    let child = server.fork();
+    assert_ne!(child, parent);
+    server.accept_queued(7, false, "accept4");
+    s.collect();
+
+    assert_eq!(s.accepts(child), 7);
+    assert_eq!(s.accepts(parent), 0);
+    let watched: Vec<u32> = s
+        .probes
+        .watched()
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert!(
+        watched.contains(&child) && watched.contains(&parent),
+        "{watched:?}"
+    );
+    server.stop();
+}
+
+#[test]
+fn a_process_that_execs_into_a_watched_name_is_watched_from_its_first_accept() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("exec");
+    // The kernel sets comm from the exec'd path's basename, so a symlink gives
+    // the server a name of its own; the second one carries a version suffix.
+    let name = format!("splb{}x", std::process::id() % 100_000);
+    let plain = dir.0.join(&name);
+    let versioned = dir.0.join(format!("{name}8.2"));
+    symlink(LOOPBACK, &plain).unwrap();
+    symlink(LOOPBACK, &versioned).unwrap();
+    let mut s = Session::start();
+    let selector = Selector::new(vec![name.clone()], vec![]).unwrap();
+    s.probes.watch_names(&selector.kernel_comm_keys()).unwrap();
+
+    let mut a = Server::start_as(&plain, None);
+    let mut b = Server::start_as(&versioned, None);
+    let mut unrelated = Server::start(None);
+    a.accept_queued(5, false, "accept4");
+    b.accept_queued(3, false, "accept");
+    unrelated.accept_queued(4, false, "accept4");
+    s.collect();
+
+    assert_eq!(s.accepts(a.pid), 5);
+    assert_eq!(s.accepts(b.pid), 3);
+    assert_eq!(s.accepts(unrelated.pid), 0);
+    assert_eq!(s.table.get(a.pid).unwrap().name, name);
+    a.stop();
+    b.stop();
+    unrelated.stop();
+}
+
+#[test]
+fn exited_processes_leave_the_watch_set() {
+    let _lock = probe_lock();
+    let server = Server::start(None);
+    let pid = server.pid;
+    let mut s = Session::start();
+    s.probes.watch_pid(pid).unwrap();
+    assert!(s.probes.watched().unwrap().iter().any(|&(p, _)| p == pid));
+    server.stop();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.probes.watched().unwrap().iter().any(|&(p, _)| p == pid) {
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} stayed in the watch set after exiting"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn dropping_the_probes_detaches_and_unloads_every_program() {
+    let _lock = probe_lock();
+    let s = Session::start();
+    let ids = s.probes.program_ids().unwrap();
+    assert_eq!(ids.len(), PROGRAM_NAMES.len());
+    let loaded = loaded_stackprobe_programs();
+    assert!(
+        ids.iter().all(|id| loaded.contains(id)),
+        "{ids:?} not all in {loaded:?}"
+    );
+    drop(s);
+    let after = loaded_stackprobe_programs();
+    assert!(
+        ids.iter().all(|id| !after.contains(id)),
+        "still loaded: {after:?}"
+    );
+}

@@ -1,0 +1,193 @@
+//! Shared by the root-only integration tests: a loopback server whose every
+//! accept is known (the `stackprobe-loopback` binary), clients, and a lock so
+//! the tests in one binary load probes one at a time.
+
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead, BufReader, Lines, Read, Write},
+    net::TcpStream,
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    sync::{Mutex, MutexGuard},
+};
+
+pub const LOOPBACK: &str = env!("CARGO_BIN_EXE_stackprobe-loopback");
+pub const STACKPROBE: &str = env!("CARGO_BIN_EXE_stackprobe");
+
+static PROBE_LOCK: Mutex<()> = Mutex::new(());
+
+/// Serialises tests that load probes, so "nothing stays loaded" checks see
+/// only their own programs.
+pub fn probe_lock() -> MutexGuard<'static, ()> {
+    PROBE_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests load kernel probes and must run as root (cargo xtask test does)"
+    );
+}
+
+/// A scratch directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("stackprobe-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub struct Server {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+    /// The process now taking commands (the forked child after `fork`).
+    pub pid: u32,
+    pub tcp: String,
+    pub unix: Option<PathBuf>,
+}
+
+impl Server {
+    pub fn start(unix: Option<&Path>) -> Self {
+        Self::start_as(Path::new(LOOPBACK), unix)
+    }
+
+    /// Starts the server from `program` (a symlink to the loopback binary gives
+    /// it another comm).
+    pub fn start_as(program: &Path, unix: Option<&Path>) -> Self {
+        let mut cmd = Command::new(program);
+        cmd.args(["serve", "--tcp", "127.0.0.1:0", "--max-seconds", "120"]);
+        if let Some(path) = unix {
+            cmd.arg("--unix").arg(path);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning stackprobe-loopback");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut server = Self {
+            pid: child.id(),
+            child,
+            stdin,
+            lines,
+            tcp: String::new(),
+            unix: unix.map(Path::to_path_buf),
+        };
+        loop {
+            let line = server.line();
+            if let Some(addr) = line.strip_prefix("tcp ") {
+                server.tcp = addr.to_string();
+            }
+            if line == "ready" {
+                break;
+            }
+        }
+        server
+    }
+
+    fn line(&mut self) -> String {
+        self.lines
+            .next()
+            .expect("stackprobe-loopback ended early")
+            .expect("reading stackprobe-loopback")
+    }
+
+    pub fn send(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Waits for the reply to an `accept` command.
+    pub fn wait_accepted(&mut self, n: u64) {
+        assert_eq!(self.line(), format!("accepted {n}"));
+    }
+
+    /// Has the server accept `n` connections made beforehand, so each accept
+    /// finds a connection already queued.
+    pub fn accept_queued(&mut self, n: u64, unix: bool, syscall: &str) {
+        let streams: Vec<Box<dyn Read>> = (0..n)
+            .map(|_| -> Box<dyn Read> {
+                if unix {
+                    Box::new(UnixStream::connect(self.unix.as_ref().unwrap()).unwrap())
+                } else {
+                    Box::new(TcpStream::connect(&self.tcp).unwrap())
+                }
+            })
+            .collect();
+        self.send(&format!(
+            "accept {n} {} {syscall}",
+            if unix { "unix" } else { "tcp" }
+        ));
+        for mut s in streams {
+            let mut byte = [0u8; 1];
+            s.read_exact(&mut byte).unwrap();
+        }
+        self.wait_accepted(n);
+    }
+
+    /// Forks; the child takes over the commands. Returns the child's pid.
+    pub fn fork(&mut self) -> u32 {
+        self.send("fork");
+        let line = self.line();
+        self.pid = line
+            .strip_prefix("child ")
+            .expect("a child pid")
+            .parse()
+            .unwrap();
+        self.pid
+    }
+
+    pub fn stop(mut self) {
+        self.send("exit");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "stackprobe-loopback failed: {status}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn tcp_connect_and_read(addr: &str) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut byte = [0u8; 1];
+    s.read_exact(&mut byte).unwrap();
+}
+
+/// Names of stackprobe's kernel programs (as the kernel truncates them).
+pub const PROGRAM_NAMES: [&str; 5] = [
+    "accept_enter",
+    "accept_exit",
+    "watch_fork",
+    "watch_exec",
+    "watch_exit",
+];
+
+/// Ids of loaded programs carrying one of stackprobe's program names.
+pub fn loaded_stackprobe_programs() -> Vec<u32> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str().is_some_and(|n| PROGRAM_NAMES.contains(&n)))
+        .map(|p| p.id())
+        .collect()
+}
