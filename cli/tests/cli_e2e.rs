@@ -1,0 +1,273 @@
+//! Root only: runs the `stackprobe` binary itself against loopback servers
+//! and checks what it prints, how it exits, and that it leaves nothing loaded.
+
+mod support;
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    os::unix::fs::symlink,
+    process::{Child, ChildStderr, Command, Output, Stdio},
+    thread,
+    time::Duration,
+};
+
+use serde_json::Value;
+use support::*;
+
+struct Running {
+    child: Child,
+    stderr: BufReader<ChildStderr>,
+    seen: String,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(STACKPROBE)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        Self {
+            child,
+            stderr,
+            seen: String::new(),
+        }
+    }
+
+    /// Reads stderr until a line contains `needle`.
+    fn wait_stderr(&mut self, needle: &str) {
+        loop {
+            let mut line = String::new();
+            let n = self.stderr.read_line(&mut line).unwrap();
+            self.seen.push_str(&line);
+            assert!(
+                n > 0,
+                "stackprobe ended before saying {needle:?}; it said:\n{}",
+                self.seen
+            );
+            if line.contains(needle) {
+                return;
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    fn finish(mut self) -> (std::process::ExitStatus, String, String) {
+        let mut stdout = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut stdout)
+            .unwrap();
+        self.stderr.read_to_string(&mut self.seen).unwrap();
+        let status = self.child.wait().unwrap();
+        (status, stdout, self.seen)
+    }
+}
+
+fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn row<'a>(report: &'a Value, pid: u32) -> Option<&'a Value> {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+}
+
+#[test]
+fn json_mode_counts_a_servers_accepts_and_ctrl_c_leaves_nothing_loaded() {
+    let _lock = probe_lock();
+    require_root();
+    let dir = TempDir::new("e2e-json");
+    let mut server = Server::start(Some(&dir.0.join("s.sock")));
+    let pid = server.pid.to_string();
+    let mut sp = Running::start(&["watch", "--pid", &pid, "--json", "--interval", "200ms"]);
+    sp.wait_stderr("probes attached");
+    assert!(!loaded_stackprobe_programs().is_empty());
+
+    server.accept_queued(12, false, "accept4");
+    server.accept_queued(6, true, "accept");
+    // Let at least one interval report pass, then Ctrl-C.
+    thread::sleep(Duration::from_millis(500));
+    sp.signal(libc::SIGINT);
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+
+    let reports = json_lines(&stdout);
+    let (summary, intervals) = reports.split_last().expect("at least the summary");
+    assert_eq!(summary["type"], "summary");
+    assert!(!intervals.is_empty() && intervals.iter().all(|r| r["type"] == "interval"));
+    let total: u64 = intervals
+        .iter()
+        .filter_map(|r| row(r, server.pid))
+        .map(|p| p["count"].as_u64().unwrap())
+        .sum();
+    let s = row(summary, server.pid).expect("the server in the summary");
+    assert_eq!(s["count"], 18);
+    assert_eq!(s["total"], 18);
+    assert_eq!(s["metric"], "accept_latency");
+    assert_eq!(s["process"], "stackprobe-loop", "comm is cut to 15 bytes");
+    assert!(total <= 18, "intervals counted {total}");
+    assert_eq!(summary["drops"], 0);
+    let (min, p50, p99, max) = (
+        s["min_ns"].as_u64().unwrap(),
+        s["p50_ns"].as_u64().unwrap(),
+        s["p99_ns"].as_u64().unwrap(),
+        s["max_ns"].as_u64().unwrap(),
+    );
+    assert!(0 < min && min <= p50 && p50 <= p99 && p99 <= max, "{s}");
+    let bucket_sum: u64 = s["log2_buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(bucket_sum, 18);
+
+    assert!(
+        loaded_stackprobe_programs().is_empty(),
+        "programs left loaded after exit"
+    );
+    server.stop();
+}
+
+#[test]
+fn text_mode_prints_intervals_and_a_summary_and_stops_after_duration() {
+    let _lock = probe_lock();
+    require_root();
+    let mut server = Server::start(None);
+    let pid = server.pid;
+    let mut sp = Running::start(&[
+        "watch",
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        "1500ms",
+        "--interval",
+        "500ms",
+    ]);
+    sp.wait_stderr("probes attached");
+    server.accept_queued(9, false, "accept4");
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("stackprobe-loop[{pid}]")),
+        "{stderr}"
+    );
+
+    let summary = stdout
+        .split("=== summary")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no summary in:\n{stdout}"));
+    assert!(
+        summary.contains(&format!("stackprobe-loop[{pid}]  accepts 9 (")),
+        "{summary}"
+    );
+    assert!(summary.contains("total 9"), "{summary}");
+    assert!(summary.contains("accept latency  min "), "{summary}");
+    assert!(summary.contains(" |@"), "log2 bars expected:\n{summary}");
+    assert!(stdout.matches("=== interval").count() >= 2, "{stdout}");
+    assert!(stdout.contains("drops 0"), "{stdout}");
+    assert!(loaded_stackprobe_programs().is_empty());
+    server.stop();
+}
+
+#[test]
+fn waits_for_a_named_process_that_starts_later_and_sigterm_ends_cleanly() {
+    let _lock = probe_lock();
+    require_root();
+    let dir = TempDir::new("e2e-wait");
+    let name = format!("spwait{}x", std::process::id() % 10_000);
+    let program = dir.0.join(&name);
+    symlink(LOOPBACK, &program).unwrap();
+    let mut sp = Running::start(&["watch", &name, "--json", "--interval", "200ms"]);
+    sp.wait_stderr("waiting for it");
+
+    let mut server = Server::start_as(&program, None);
+    server.accept_queued(4, false, "accept4");
+    sp.wait_stderr("now watching");
+    sp.signal(libc::SIGTERM);
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+    let reports = json_lines(&stdout);
+    let summary = reports.last().unwrap();
+    let s = row(summary, server.pid).unwrap_or_else(|| panic!("{summary}"));
+    assert_eq!(s["count"], 4);
+    assert_eq!(s["process"], name.as_str());
+    assert!(loaded_stackprobe_programs().is_empty());
+    server.stop();
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().unwrap()
+}
+
+fn assert_fails(out: &Output, code: i32, message: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains(message),
+        "expected {message:?} in:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bad_input_and_missing_privileges_get_a_message_and_a_non_zero_exit() {
+    let _lock = probe_lock();
+    require_root();
+    // An unknown pid (pid_max is at most 4194304).
+    assert_fails(
+        &run(Command::new(STACKPROBE).args(["watch", "--pid", "4194305"])),
+        1,
+        "no process with pid 4194305",
+    );
+    assert_fails(
+        &run(Command::new(STACKPROBE).args(["watch", "x", "--frobnicate"])),
+        2,
+        "unexpected argument",
+    );
+    assert_fails(
+        &run(Command::new(STACKPROBE).args(["watch"])),
+        1,
+        "name at least one process",
+    );
+    assert_fails(
+        &run(Command::new(STACKPROBE).args(["watch", "x", "--interval", "0s"])),
+        2,
+        "at least 10ms",
+    );
+    assert_fails(
+        &run(Command::new(STACKPROBE)
+            .args(["watch", "x"])
+            .env("STACKPROBE_BTF", "/nonexistent/vmlinux")),
+        1,
+        "this kernel exposes no BTF",
+    );
+    // Not root: drop to nobody with no capabilities.
+    let out = run(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        STACKPROBE,
+        "watch",
+        "x",
+    ]));
+    assert_fails(&out, 1, "needs root (missing CAP_BPF and CAP_PERFMON)");
+    assert!(loaded_stackprobe_programs().is_empty());
+}
