@@ -80,7 +80,7 @@ fn json_lines(stdout: &str) -> Vec<Value> {
         .collect()
 }
 
-fn row<'a>(report: &'a Value, pid: u32) -> Option<&'a Value> {
+fn row(report: &Value, pid: u32) -> Option<&Value> {
     report["processes"]
         .as_array()
         .unwrap()

@@ -1,1 +1,53 @@
-fn main() {}
+//! Orchestration: `cargo xtask setup | build | run | install | test`.
+//! The eBPF object itself is built by cli/build.rs (aya-build); this only
+//! makes sure the tools it needs are there, and drives cargo.
+
+mod setup;
+mod tasks;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the build and tests need (idempotent: fast when done).
+    Setup,
+    /// Set up and build everything in release mode.
+    Build,
+    /// Set up, build and run stackprobe (as root, via sudo if needed):
+    /// `cargo xtask run -- watch postgres`.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up, build and install `stackprobe` into /usr/local/bin.
+    Install,
+    /// Set up, then run the whole test suite: formatting, clippy, unit tests
+    /// and the root-only integration tests that load the real probes.
+    Test,
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Build => setup::run().and_then(|()| tasks::build()),
+        Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
+        Task::Install => setup::run().and_then(|()| tasks::install()),
+        Task::Test => setup::run().and_then(|()| tasks::test()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

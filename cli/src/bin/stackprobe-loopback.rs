@@ -80,8 +80,7 @@ fn serve(args: &[String]) -> Result<ExitCode> {
     say("ready".into())?;
 
     let stdin = io::stdin();
-    let mut lines = stdin.lock().lines();
-    while let Some(line) = lines.next() {
+    for line in stdin.lock().lines() {
         let line = line.map_err(|e| e.to_string())?;
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {

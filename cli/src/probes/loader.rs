@@ -22,7 +22,7 @@ use probes_common::{
 use super::{accept, preflight, tracefs::Tracefs, watch};
 use crate::model::report::{Drops, ProgramCost};
 
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/stackprobe"));
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probes"));
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Options {

@@ -1,0 +1,158 @@
+//! Installs the build's prerequisites: nightly rust-src (for
+//! `-Z build-std=core`), bpf-linker built against the nightly's own libLLVM
+//! (only the Rust registry is reachable, so no prebuilt download), and the
+//! Debian packages the tests call. Every step checks first, so a second run
+//! does nothing slow.
+
+use std::{
+    env, fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use crate::tasks::{capture, run_cmd};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Debian packages the tests use: setpriv (util-linux) drops privileges in the
+/// "not root" test.
+const APT_PACKAGES: [&str; 1] = ["util-linux"];
+
+/// Where bpf-linker lives; cli/build.rs looks here too. It must persist: its
+/// path to libLLVM is baked into the binary's rpath.
+pub fn bpf_linker_prefix() -> Result<PathBuf> {
+    let home = env::var_os("HOME").ok_or_else(|| anyhow!("HOME is not set"))?;
+    Ok(PathBuf::from(home).join(".local/share/stackprobe-bpf-linker"))
+}
+
+pub fn run() -> Result<()> {
+    nightly_rust_src()?;
+    bpf_linker()?;
+    apt_packages()
+}
+
+fn nightly_rust_src() -> Result<()> {
+    let installed = capture(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]));
+    match installed {
+        Ok(list) if list.lines().any(|l| l.starts_with("rust-src")) => Ok(()),
+        Ok(_) => run_cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"])),
+        Err(_) => run_cmd(Command::new("rustup").args([
+            "toolchain", "install", "nightly", "--profile", "minimal", "--component", "rust-src",
+        ]))
+        .context("no nightly toolchain and installing one failed; the eBPF build needs nightly with rust-src"),
+    }
+}
+
+fn bpf_linker() -> Result<()> {
+    let prefix = bpf_linker_prefix()?;
+    let sysroot = capture(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let lib_dir = Path::new(sysroot.trim()).join("lib");
+    let libllvm = fs::read_dir(&lib_dir)
+        .with_context(|| format!("reading {}", lib_dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so.") && n.contains("-rust-"))
+        })
+        .ok_or_else(|| {
+            anyhow!(
+                "the nightly toolchain in {} ships no libLLVM",
+                lib_dir.display()
+            )
+        })?;
+    let libllvm_name = libllvm.file_name().unwrap().to_string_lossy().into_owned();
+
+    // The stamp names the libLLVM it was built against: a new nightly means a rebuild.
+    let binary = prefix.join("bin/bpf-linker");
+    let stamp = prefix.join("built-against");
+    let wanted = format!("{BPF_LINKER_VERSION} {libllvm_name}");
+    if binary.exists() && fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == wanted) {
+        return Ok(());
+    }
+    if binary.exists() && !stamp.exists() && works(&binary) {
+        // Built by hand with the same recipe before the stamp existed.
+        fs::write(&stamp, &wanted)?;
+        return Ok(());
+    }
+
+    let version = capture(Command::new("rustc").args(["+nightly", "-vV"]))?;
+    let llvm_major = version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .ok_or_else(|| anyhow!("rustc +nightly -vV names no LLVM version"))?
+        .to_string();
+    let llvm_lib = prefix.join("llvm/lib");
+    fs::create_dir_all(&llvm_lib)?;
+    for name in ["libLLVM.so", libllvm_name.as_str()] {
+        let link = llvm_lib.join(name);
+        let _ = fs::remove_file(&link);
+        symlink(&libllvm, &link).with_context(|| format!("linking {}", link.display()))?;
+    }
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {libllvm_name} (about a minute, once)"
+    );
+    run_cmd(
+        Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--locked",
+                "--force",
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{llvm_major}"),
+            ])
+            .arg("--root")
+            .arg(&prefix)
+            .env("LLVM_PREFIX", prefix.join("llvm")),
+    )?;
+    if !works(&binary) {
+        bail!(
+            "bpf-linker was built but does not run: {}",
+            binary.display()
+        );
+    }
+    fs::write(&stamp, &wanted)?;
+    Ok(())
+}
+
+fn works(binary: &Path) -> bool {
+    Command::new(binary)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn apt_packages() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .into_iter()
+        .filter(|p| {
+            !capture(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .is_ok_and(|s| s.contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    run_cmd(Command::new("apt-get").arg("update").arg("-q"))?;
+    run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}

@@ -1,0 +1,185 @@
+//! Build, run, install and test: thin wrappers over cargo.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+pub fn run_cmd(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+pub fn capture(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .stderr(Stdio::null())
+        .output()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn build() -> Result<()> {
+    run_cmd(cargo().args(["build", "--release", "--locked", "--bins"]))
+}
+
+pub fn run(args: &[String]) -> Result<()> {
+    build()?;
+    let binary = workspace_root().join("target/release/stackprobe");
+    let mut cmd = if is_root() {
+        Command::new(&binary)
+    } else {
+        eprintln!("xtask: stackprobe loads kernel probes; running it with sudo");
+        let mut sudo = Command::new("sudo");
+        sudo.arg(&binary);
+        sudo
+    };
+    run_cmd(cmd.args(args))
+}
+
+pub fn install() -> Result<()> {
+    run_cmd(cargo().args([
+        "install",
+        "--locked",
+        "--path",
+        "cli",
+        "--bin",
+        "stackprobe",
+        "--root",
+        "/usr/local",
+        "--force",
+    ]))?;
+    eprintln!("xtask: installed /usr/local/bin/stackprobe; run `sudo stackprobe watch postgres`");
+    Ok(())
+}
+
+pub fn test() -> Result<()> {
+    if !is_root() {
+        bail!(
+            "the integration tests load kernel probes: run `sudo -E cargo xtask test` (CI runs as root)"
+        );
+    }
+    run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
+    run_cmd(cargo().args([
+        "clippy",
+        "--locked",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    // Integration test binaries in one crate run one after another, and the
+    // tests inside each take a lock before loading probes.
+    let totals = run_tests(cargo().args(["test", "--locked"]))?;
+    // One closing line for the whole suite: cargo's own last line is the
+    // doc-test run of the last crate, which says nothing about the rest.
+    println!(
+        "tests: {} passed, {} failed, {} skipped",
+        totals.passed, totals.failed, totals.ignored
+    );
+    if totals.passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default, PartialEq)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+/// Runs cargo test, passing its output through, and adds up its
+/// `test result:` lines.
+fn run_tests(cmd: &mut Command) -> Result<Totals> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        add_result_line(&mut totals, &line);
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(totals)
+}
+
+/// `test result: ok. 34 passed; 0 failed; 1 ignored; 0 measured; ...`
+fn add_result_line(totals: &mut Totals, line: &str) {
+    let Some(rest) = line.strip_prefix("test result: ") else {
+        return;
+    };
+    for part in rest.split(['.', ';']) {
+        let mut words = part.split_whitespace();
+        if let (Some(n), Some(what)) = (
+            words.next().and_then(|n| n.parse::<u64>().ok()),
+            words.next(),
+        ) {
+            match what {
+                "passed" => totals.passed += n,
+                "failed" => totals.failed += n,
+                "ignored" => totals.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adds_up_cargo_result_lines() {
+        let mut t = Totals::default();
+        add_result_line(
+            &mut t,
+            "test result: ok. 34 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.02s",
+        );
+        add_result_line(
+            &mut t,
+            "test result: FAILED. 5 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 4.57s",
+        );
+        add_result_line(&mut t, "running 3 tests");
+        assert_eq!(
+            t,
+            Totals {
+                passed: 39,
+                failed: 2,
+                ignored: 1
+            }
+        );
+    }
+}
