@@ -4,12 +4,15 @@
 
 use crate::TASK_COMM_LEN;
 
-/// Per-thread map from `pid_tgid` to the [`AcceptStart`] of an accept in flight.
+/// Array of [`AcceptStart`] slots, one per thread id modulo its size: an
+/// array lookup is a few inlined instructions where a hash update costs
+/// hundreds of ns. Userspace sizes it to cover `pid_max` when that is at most
+/// [`ACCEPT_START_MAX_SLOTS`], so slots are then never shared.
 pub const ACCEPT_START_MAP: &str = "ACCEPT_START";
-pub const ACCEPT_START_MAX_ENTRIES: u32 = 16384;
-
-/// Global holding the offset of the listening `fd` in `sys_enter_accept{,4}`.
-pub const ENTER_FD_OFFSET_GLOBAL: &str = "ACCEPT_ENTER_FD_OFFSET";
+pub const ACCEPT_START_DEFAULT_SLOTS: u32 = 32768;
+pub const ACCEPT_START_MAX_SLOTS: u32 = 1 << 18;
+/// Global holding the slot count minus one (slot counts are powers of two).
+pub const SLOT_MASK_GLOBAL: &str = "ACCEPT_SLOT_MASK";
 /// Global holding the offset of `ret` in `sys_exit_accept{,4}`.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "ACCEPT_EXIT_RET_OFFSET";
 
@@ -19,11 +22,12 @@ pub const EXIT_PROGRAM: &str = "accept_exit";
 pub const ENTER_TRACEPOINTS: [&str; 2] = ["sys_enter_accept", "sys_enter_accept4"];
 pub const EXIT_TRACEPOINTS: [&str; 2] = ["sys_exit_accept", "sys_exit_accept4"];
 
+/// An accept in flight: `start_ns` is 0 when the slot is free.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AcceptStart {
     pub start_ns: u64,
-    pub listen_fd: i32,
+    pub tid: u32,
     /// Explicit so the type has no implicit padding.
     pub _pad: u32,
 }
@@ -35,10 +39,8 @@ pub struct AcceptEvent {
     pub kind: u32,
     pub tgid: u32,
     pub tid: u32,
-    pub listen_fd: i32,
     /// The accepted connection's fd (the syscall's return value).
     pub conn_fd: i32,
-    pub _pad: u32,
     /// `bpf_ktime_get_ns()` when the thread entered accept.
     pub start_ns: u64,
     /// Time spent inside the syscall, including any wait for a connection.

@@ -8,8 +8,9 @@ pub const STATS_MAP: &str = "STATS";
 pub enum Stat {
     /// An event was lost because the ring buffer was full.
     RingbufFull = 0,
-    /// An accept could not be timed because the in-flight map was full.
-    AcceptStartFull = 1,
+    /// An accept could not be timed because another watched thread's accept
+    /// took its slot (only when `pid_max` exceeds the slot count).
+    AcceptSlotShared = 1,
     /// A process could not be added to the watch set because it was full.
     WatchFull = 2,
 }
@@ -18,5 +19,5 @@ pub const STAT_COUNT: u32 = 3;
 
 impl Stat {
     pub const ALL: [Stat; STAT_COUNT as usize] =
-        [Stat::RingbufFull, Stat::AcceptStartFull, Stat::WatchFull];
+        [Stat::RingbufFull, Stat::AcceptSlotShared, Stat::WatchFull];
 }

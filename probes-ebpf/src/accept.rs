@@ -5,11 +5,11 @@ use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::Array,
     programs::TracePointContext,
 };
 use probes_common::{
-    accept::{ACCEPT_START_MAX_ENTRIES, AcceptEvent, AcceptStart},
+    accept::{ACCEPT_START_DEFAULT_SLOTS, AcceptEvent, AcceptStart},
     event::EventKind,
     stats::Stat,
 };
@@ -17,43 +17,55 @@ use probes_common::{
 use crate::{events, watch::is_watched};
 
 #[map]
-static ACCEPT_START: HashMap<u64, AcceptStart> =
-    HashMap::with_max_entries(ACCEPT_START_MAX_ENTRIES, 0);
+static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(ACCEPT_START_DEFAULT_SLOTS, 0);
 
 #[unsafe(no_mangle)]
-static ACCEPT_ENTER_FD_OFFSET: Global<u32> = Global::new(16);
+static ACCEPT_SLOT_MASK: Global<u32> = Global::new(ACCEPT_START_DEFAULT_SLOTS - 1);
 #[unsafe(no_mangle)]
 static ACCEPT_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
 
+#[inline(always)]
+fn slot(tid: u32) -> Option<&'static mut AcceptStart> {
+    let ptr = ACCEPT_START.get_ptr_mut(tid & ACCEPT_SLOT_MASK.load())?;
+    // SAFETY: array values live as long as the map; a slot is written only by
+    // the thread whose id maps to it.
+    Some(unsafe { &mut *ptr })
+}
+
 #[tracepoint]
-pub fn accept_enter(ctx: TracePointContext) -> u32 {
+pub fn accept_enter(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_watched((pid_tgid >> 32) as u32) {
         return 0;
     }
-    let listen_fd = unsafe { ctx.read_at::<u64>(ACCEPT_ENTER_FD_OFFSET.load() as usize) }
-        .map(|fd| fd as i32)
-        .unwrap_or(-1);
-    let start = AcceptStart {
-        start_ns: unsafe { bpf_ktime_get_ns() },
-        listen_fd,
-        _pad: 0,
+    let tid = pid_tgid as u32;
+    let Some(slot) = slot(tid) else {
+        return 0;
     };
-    if ACCEPT_START.insert(pid_tgid, start, 0).is_err() {
-        events::count(Stat::AcceptStartFull);
+    if slot.start_ns != 0 && slot.tid != tid {
+        // Another watched thread's accept is in flight in this slot and is
+        // about to lose its start time.
+        events::count(Stat::AcceptSlotShared);
     }
+    slot.tid = tid;
+    slot.start_ns = unsafe { bpf_ktime_get_ns() };
     0
 }
 
 #[tracepoint]
 pub fn accept_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    // Only watched threads have an entry: this lookup is the whole cost for
-    // everyone else.
-    let Some(start) = (unsafe { ACCEPT_START.get(pid_tgid) }).copied() else {
+    let tid = pid_tgid as u32;
+    // Only a watched thread finds its own start here: this inlined array
+    // lookup is the whole cost for everyone else.
+    let Some(slot) = slot(tid) else {
         return 0;
     };
-    let _ = ACCEPT_START.remove(pid_tgid);
+    if slot.start_ns == 0 || slot.tid != tid {
+        return 0;
+    }
+    let start_ns = slot.start_ns;
+    slot.start_ns = 0;
     let now = unsafe { bpf_ktime_get_ns() };
     let Ok(ret) = (unsafe { ctx.read_at::<i64>(ACCEPT_EXIT_RET_OFFSET.load() as usize) }) else {
         return 0;
@@ -68,19 +80,21 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     entry.write(AcceptEvent {
         kind: EventKind::Accept as u32,
         tgid: (pid_tgid >> 32) as u32,
-        tid: pid_tgid as u32,
-        listen_fd: start.listen_fd,
+        tid,
         conn_fd: ret as i32,
-        _pad: 0,
-        start_ns: start.start_ns,
-        latency_ns: now.saturating_sub(start.start_ns),
+        start_ns,
+        latency_ns: now.saturating_sub(start_ns),
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     events::submit(entry);
     0
 }
 
-/// Called when a thread exits, so an accept interrupted by exit leaves no entry.
-pub fn forget_thread(pid_tgid: u64) {
-    let _ = ACCEPT_START.remove(pid_tgid);
+/// Called when a thread exits, so an accept interrupted by exit frees its slot.
+pub fn forget_thread(tid: u32) {
+    if let Some(slot) = slot(tid)
+        && slot.tid == tid
+    {
+        slot.start_ns = 0;
+    }
 }

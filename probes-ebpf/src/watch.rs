@@ -80,7 +80,7 @@ pub fn watch_exit(_ctx: TracePointContext) -> u32 {
     // Removes a thread's own entry, or the process's entry when its main
     // thread (tid == tgid) exits.
     let _ = WATCHED.remove(tid);
-    crate::accept::forget_thread(pid_tgid);
+    crate::accept::forget_thread(tid);
     0
 }
 

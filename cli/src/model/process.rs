@@ -46,7 +46,6 @@ pub struct AcceptSample {
     pub tgid: u32,
     pub tid: u32,
     pub comm: String,
-    pub listen_fd: i32,
     pub conn_fd: i32,
     pub latency_ns: u64,
 }
@@ -110,7 +109,6 @@ mod tests {
             tgid,
             tid: tgid,
             comm: format!("srv{tgid}"),
-            listen_fd: 3,
             conn_fd: 4,
             latency_ns: ns,
         }

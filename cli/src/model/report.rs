@@ -24,15 +24,15 @@ pub enum ReportKind {
 pub struct Drops {
     /// Lost because the ring buffer was full.
     pub ringbuf_full: u64,
-    /// Accepts not timed because the in-flight map was full.
-    pub accept_start_full: u64,
+    /// Accepts not timed because another watched thread's accept shared their slot.
+    pub accept_slot_shared: u64,
     /// Processes not watched because the watch set was full.
     pub watch_full: u64,
 }
 
 impl Drops {
     pub fn total(&self) -> u64 {
-        self.ringbuf_full + self.accept_start_full + self.watch_full
+        self.ringbuf_full + self.accept_slot_shared + self.watch_full
     }
 }
 
@@ -151,7 +151,6 @@ mod tests {
                 tgid: 2,
                 tid: 2,
                 comm: "busy".into(),
-                listen_fd: 3,
                 conn_fd: 5,
                 latency_ns: ns,
             });
@@ -160,7 +159,6 @@ mod tests {
             tgid: 3,
             tid: 3,
             comm: "quiet".into(),
-            listen_fd: 3,
             conn_fd: 5,
             latency_ns: 7,
         });
@@ -175,13 +173,12 @@ mod tests {
             tgid: 2,
             tid: 2,
             comm: "busy".into(),
-            listen_fd: 3,
             conn_fd: 5,
             latency_ns: 500,
         });
         let drops = Drops {
             ringbuf_full: 2,
-            accept_start_full: 1,
+            accept_slot_shared: 1,
             watch_full: 0,
         };
         let r = Report::build(

@@ -1,25 +1,46 @@
 //! Userspace side of the accept probe (kernel side: probes-ebpf/src/accept.rs):
-//! record offsets before load, attachment, and decoding its events.
+//! setup before load, attachment, and decoding its events.
 
 use anyhow::{Result, bail};
 use aya::Ebpf;
 use probes_common::accept::{
-    AcceptEvent, ENTER_FD_OFFSET_GLOBAL, ENTER_PROGRAM, ENTER_TRACEPOINTS, EXIT_PROGRAM,
-    EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS,
+    ACCEPT_START_MAP, ACCEPT_START_MAX_SLOTS, AcceptEvent, ENTER_PROGRAM, ENTER_TRACEPOINTS,
+    EXIT_PROGRAM, EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, SLOT_MASK_GLOBAL,
 };
 
 use super::{loader::attach_tracepoints, tracefs::Tracefs};
 use crate::model::process::AcceptSample;
 
-/// The globals the accept programs need, from this kernel's record layouts.
-/// One program serves accept and accept4, so their layouts must agree.
-pub fn globals(tracefs: &Tracefs) -> Result<Vec<(&'static str, u32)>> {
-    let fd = same_offset(tracefs, &ENTER_TRACEPOINTS, "fd")?;
+/// How the accept programs are set up on this kernel.
+pub struct Setup {
+    pub globals: Vec<(&'static str, u32)>,
+    pub map_sizes: Vec<(&'static str, u32)>,
+}
+
+/// The `ret` offset from this kernel's tracepoint layouts (one program serves
+/// accept and accept4, so their layouts must agree), and the in-flight slot
+/// array sized from `pid_max`.
+pub fn setup(tracefs: &Tracefs) -> Result<Setup> {
     let ret = same_offset(tracefs, &EXIT_TRACEPOINTS, "ret")?;
-    Ok(vec![
-        (ENTER_FD_OFFSET_GLOBAL, fd),
-        (EXIT_RET_OFFSET_GLOBAL, ret),
-    ])
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(u32::MAX);
+    let slots = slot_count(pid_max);
+    Ok(Setup {
+        globals: vec![(EXIT_RET_OFFSET_GLOBAL, ret), (SLOT_MASK_GLOBAL, slots - 1)],
+        map_sizes: vec![(ACCEPT_START_MAP, slots)],
+    })
+}
+
+/// Enough slots for every thread id when `pid_max` allows (16 bytes each,
+/// 4 MiB at most); beyond that, a shared slot is counted as a drop.
+pub fn slot_count(pid_max: u32) -> u32 {
+    pid_max
+        .max(2)
+        .checked_next_power_of_two()
+        .unwrap_or(u32::MAX)
+        .min(ACCEPT_START_MAX_SLOTS)
 }
 
 fn same_offset(tracefs: &Tracefs, events: &[&str], field: &str) -> Result<u32> {
@@ -49,7 +70,6 @@ pub fn decode(bytes: &[u8]) -> Option<AcceptSample> {
         tgid: e.tgid,
         tid: e.tid,
         comm: comm_to_string(&e.comm),
-        listen_fd: e.listen_fd,
         conn_fd: e.conn_fd,
         latency_ns: e.latency_ns,
     })
@@ -73,14 +93,12 @@ mod tests {
             kind: EventKind::Accept as u32,
             tgid: 7,
             tid: 8,
-            listen_fd: 3,
             conn_fd: 9,
-            _pad: 0,
             start_ns: 100,
             latency_ns: 4242,
             comm,
         };
-        // SAFETY: reading the bytes of a plain-old-data struct.
+        // SAFETY: reading the bytes of a plain-old-data struct without padding.
         let bytes = unsafe {
             std::slice::from_raw_parts((&raw const event).cast::<u8>(), size_of::<AcceptEvent>())
         };
@@ -91,11 +109,18 @@ mod tests {
                 tgid: 7,
                 tid: 8,
                 comm: "postgres".into(),
-                listen_fd: 3,
                 conn_fd: 9,
                 latency_ns: 4242
             }
         );
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());
+    }
+
+    #[test]
+    fn slots_cover_pid_max_up_to_the_cap() {
+        assert_eq!(slot_count(32768), 32768);
+        assert_eq!(slot_count(100_000), 131072);
+        assert_eq!(slot_count(4_194_304), ACCEPT_START_MAX_SLOTS);
+        assert_eq!(slot_count(0), 2);
     }
 }

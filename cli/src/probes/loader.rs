@@ -44,12 +44,15 @@ impl Probes {
         let btf = preflight::load_btf()?;
         let tracefs = Tracefs::open_or_mount()?;
 
-        let mut globals = accept::globals(&tracefs)?;
-        globals.extend(watch::globals(&tracefs)?);
+        let accept = accept::setup(&tracefs)?;
+        let watch_globals = watch::globals(&tracefs)?;
         let mut loader = EbpfLoader::new();
         loader.btf(Some(&btf));
-        for (name, value) in &globals {
+        for (name, value) in accept.globals.iter().chain(&watch_globals) {
             loader.override_global(name, value, true);
+        }
+        for &(name, size) in &accept.map_sizes {
+            loader.map_max_entries(name, size);
         }
         let mut ebpf = loader.load(OBJECT).context("loading the eBPF object")?;
 
@@ -99,7 +102,7 @@ impl Probes {
         let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
         Ok(Drops {
             ringbuf_full: read(Stat::RingbufFull)?,
-            accept_start_full: read(Stat::AcceptStartFull)?,
+            accept_slot_shared: read(Stat::AcceptSlotShared)?,
             watch_full: read(Stat::WatchFull)?,
         })
     }

@@ -28,8 +28,8 @@ pub fn render(report: &Report) -> String {
         let d = report.drops_by_cause;
         let _ = write!(
             out,
-            " · DROPS {} (ring buffer full {}, accept map full {}, watch set full {})",
-            report.drops, d.ringbuf_full, d.accept_start_full, d.watch_full
+            " · DROPS {} (ring buffer full {}, accept slot shared {}, watch set full {})",
+            report.drops, d.ringbuf_full, d.accept_slot_shared, d.watch_full
         );
     } else {
         out.push_str(" · drops 0");
@@ -198,11 +198,11 @@ mod tests {
     fn drops_are_shown_with_their_causes() {
         let text = render(&report(Drops {
             ringbuf_full: 5,
-            accept_start_full: 1,
+            accept_slot_shared: 1,
             watch_full: 0,
         }));
         assert!(
-            text.contains("DROPS 6 (ring buffer full 5, accept map full 1, watch set full 0)"),
+            text.contains("DROPS 6 (ring buffer full 5, accept slot shared 1, watch set full 0)"),
             "{text}"
         );
     }
