@@ -2,6 +2,7 @@
 //! The eBPF object itself is built by cli/build.rs (aya-build); this only
 //! makes sure the tools it needs are there, and drives cargo.
 
+mod bench;
 mod setup;
 mod tasks;
 
@@ -33,6 +34,24 @@ enum Task {
     /// Set up, then run the whole test suite: formatting, clippy, unit tests
     /// and the root-only integration tests that load the real probes.
     Test,
+    /// Benchmarks (as root). `accept`: the accept probes' cost per run
+    /// against bpftrace's equivalent, in the same run.
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    Accept {
+        /// Loopback accepts per measurement.
+        #[arg(long, default_value_t = 30_000)]
+        accepts: u64,
+        /// Rounds; medians are reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+    },
 }
 
 fn main() -> ExitCode {
@@ -42,6 +61,9 @@ fn main() -> ExitCode {
         Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
         Task::Install => setup::run().and_then(|()| tasks::install()),
         Task::Test => setup::run().and_then(|()| tasks::test()),
+        Task::Bench {
+            which: Bench::Accept { accepts, rounds },
+        } => setup::run().and_then(|()| bench::accept(accepts, rounds)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

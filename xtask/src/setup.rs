@@ -30,7 +30,7 @@ pub fn bpf_linker_prefix() -> Result<PathBuf> {
 pub fn run() -> Result<()> {
     nightly_rust_src()?;
     bpf_linker()?;
-    apt_packages()
+    apt_packages(&APT_PACKAGES)
 }
 
 fn nightly_rust_src() -> Result<()> {
@@ -137,9 +137,11 @@ fn works(binary: &Path) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn apt_packages() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
-        .into_iter()
+/// Installs the Debian packages not installed yet.
+pub fn apt_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
         .filter(|p| {
             !capture(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
                 .is_ok_and(|s| s.contains("install ok installed"))
