@@ -57,6 +57,29 @@ pub fn processes() -> Vec<ProcInfo> {
         .collect()
 }
 
+/// The largest pid plus one (`kernel.pid_max`); 2^22, the kernel's ceiling,
+/// if unreadable.
+pub fn pid_max() -> u32 {
+    fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1 << 22)
+}
+
+/// Whether `pid` is gone or a zombie (exited, not yet reaped).
+pub fn has_exited(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => parse_state(&stat).is_none_or(|s| matches!(s, 'Z' | 'X' | 'x')),
+        Err(_) => true,
+    }
+}
+
+/// The state letter of /proc/PID/stat, after the parenthesised comm (which
+/// may itself contain ") ").
+fn parse_state(stat: &str) -> Option<char> {
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
 /// `(Tgid, PPid)` from /proc/PID/status.
 pub fn parse_status(status: &str) -> Option<(u32, u32)> {
     let field = |key: &str| {
@@ -77,6 +100,14 @@ mod tests {
         let status = "Name:\tpostgres\nUmask:\t0077\nState:\tS (sleeping)\nTgid:\t812\nNgid:\t0\nPid:\t813\nPPid:\t1\n";
         assert_eq!(parse_status(status), Some((812, 1)));
         assert_eq!(parse_status("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn parses_the_state_after_a_tricky_comm() {
+        assert_eq!(parse_state("42 (a) b) S 1 42"), Some('S'));
+        assert_eq!(parse_state("42 (x) Z 1"), Some('Z'));
+        assert_eq!(parse_state("garbage"), None);
+        assert!(!has_exited(std::process::id()));
     }
 
     #[test]

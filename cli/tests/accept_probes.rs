@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use probes_common::watch::WatchReason;
 use stackprobe::{
     model::{process::ProcessTable, report::Drops, selector::Selector},
     probes::{
@@ -143,13 +144,12 @@ fn a_child_forked_by_a_watched_process_is_watched() {
 
     assert_eq!(s.accepts(child), 7);
     assert_eq!(s.accepts(parent), 0);
-    let watched: Vec<u32> = s
-        .probes
-        .watched()
-        .unwrap()
-        .into_iter()
-        .map(|(p, _)| p)
-        .collect();
+    assert!(
+        s.probes
+            .watched()
+            .contains(&(child, Some(WatchReason::Forked)))
+    );
+    let watched: Vec<u32> = s.probes.watched().into_iter().map(|(p, _)| p).collect();
     assert!(
         watched.contains(&child) && watched.contains(&parent),
         "{watched:?}"
@@ -183,6 +183,15 @@ fn a_process_that_execs_into_a_watched_name_is_watched_from_its_first_accept() {
     assert_eq!(s.accepts(a.pid), 5);
     assert_eq!(s.accepts(b.pid), 3);
     assert_eq!(s.accepts(unrelated.pid), 0);
+    // Only the kernel's exec probe could have added them: nothing in
+    // userspace scanned /proc in this test.
+    let reasons = s.probes.watched();
+    for pid in [a.pid, b.pid] {
+        assert!(
+            reasons.contains(&(pid, Some(WatchReason::Exec))),
+            "{pid}: {reasons:?}"
+        );
+    }
     assert_eq!(s.table.get(a.pid).unwrap().name, name);
     a.stop();
     b.stop();
@@ -196,10 +205,10 @@ fn exited_processes_leave_the_watch_set() {
     let pid = server.pid;
     let mut s = Session::start();
     s.probes.watch_pid(pid).unwrap();
-    assert!(s.probes.watched().unwrap().iter().any(|&(p, _)| p == pid));
+    assert!(s.probes.watched().iter().any(|&(p, _)| p == pid));
     server.stop();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while s.probes.watched().unwrap().iter().any(|&(p, _)| p == pid) {
+    while s.probes.watched().iter().any(|&(p, _)| p == pid) {
         assert!(
             Instant::now() < deadline,
             "pid {pid} stayed in the watch set after exiting"

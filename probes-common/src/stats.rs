@@ -11,13 +11,17 @@ pub enum Stat {
     /// An accept could not be timed because another watched thread's accept
     /// took its slot (only when `pid_max` exceeds the slot count).
     AcceptSlotShared = 1,
-    /// A process could not be added to the watch set because it was full.
-    WatchFull = 2,
+    /// A process could not be watched: its pid lies beyond the watch set,
+    /// which is sized from `pid_max` at load (pid_max was raised since).
+    WatchOutOfRange = 2,
 }
 
 pub const STAT_COUNT: u32 = 3;
 
 impl Stat {
-    pub const ALL: [Stat; STAT_COUNT as usize] =
-        [Stat::RingbufFull, Stat::AcceptSlotShared, Stat::WatchFull];
+    pub const ALL: [Stat; STAT_COUNT as usize] = [
+        Stat::RingbufFull,
+        Stat::AcceptSlotShared,
+        Stat::WatchOutOfRange,
+    ];
 }

@@ -1,11 +1,18 @@
 //! The watch set: which processes the probes report on. It lives in the
-//! kernel so unwatched processes cost one map lookup and children are watched
-//! from their first instruction.
+//! kernel so unwatched processes cost one inlined array load and children are
+//! watched from their first instruction.
 
-/// Map from tgid (or, for a thread created by a watched process, its tid until
-/// it exits) to the [`WatchReason`] as a `u32`.
+/// Array with one byte per pid ([`WatchReason`], 0 = not watched), grouped in
+/// chunks of [`PIDS_PER_CHUNK`] so no array value is padded. Sized from
+/// `pid_max` at load; userspace maps it (`BPF_F_MMAPABLE`) and writes single
+/// bytes, so it never overwrites a byte the kernel is changing.
 pub const WATCHED_MAP: &str = "WATCHED";
-pub const WATCHED_MAX_ENTRIES: u32 = 65536;
+pub const PIDS_PER_CHUNK: usize = 64;
+pub type WatchChunk = [u8; PIDS_PER_CHUNK];
+/// Chunks before userspace sizes the map (covers pid_max 32768).
+pub const WATCHED_DEFAULT_CHUNKS: u32 = 512;
+/// At most 4 MiB: pid_max is at most 2^22.
+pub const WATCHED_MAX_CHUNKS: u32 = (1 << 22) / PIDS_PER_CHUNK as u32;
 
 /// Map from a NUL-padded `comm` to 1: a process that execs into a matching
 /// name starts being watched.
@@ -19,10 +26,10 @@ pub const FORK_PROGRAM: &str = "watch_fork";
 pub const EXEC_PROGRAM: &str = "watch_exec";
 pub const EXIT_PROGRAM: &str = "watch_exit";
 
-#[repr(u32)]
+#[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WatchReason {
-    /// Selected by userspace at start (by `--pid` or a name match in /proc).
+    /// Selected by userspace (by `--pid`, or a name or parent match in /proc).
     Selected = 1,
     /// Exec'd into a watched name after stackprobe started.
     Exec = 2,
@@ -31,7 +38,7 @@ pub enum WatchReason {
 }
 
 impl WatchReason {
-    pub fn from_u32(v: u32) -> Option<Self> {
+    pub fn from_u8(v: u8) -> Option<Self> {
         match v {
             1 => Some(Self::Selected),
             2 => Some(Self::Exec),

@@ -4,21 +4,24 @@
 
 use aya_ebpf::{
     Global,
+    bindings::BPF_F_MMAPABLE,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::{Array, HashMap},
     programs::TracePointContext,
 };
 use probes_common::{
     TASK_COMM_LEN,
     stats::Stat,
-    watch::{WATCHED_MAX_ENTRIES, WATCHED_NAMES_MAX_ENTRIES, WatchReason},
+    watch::{
+        PIDS_PER_CHUNK, WATCHED_DEFAULT_CHUNKS, WATCHED_NAMES_MAX_ENTRIES, WatchChunk, WatchReason,
+    },
 };
 
 use crate::events::count;
 
 #[map]
-static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(WATCHED_MAX_ENTRIES, 0);
+static WATCHED: Array<WatchChunk> = Array::with_max_entries(WATCHED_DEFAULT_CHUNKS, BPF_F_MMAPABLE);
 
 #[map]
 static WATCHED_NAMES: HashMap<[u8; TASK_COMM_LEN], u32> =
@@ -29,14 +32,23 @@ static WATCHED_NAMES: HashMap<[u8; TASK_COMM_LEN], u32> =
 #[unsafe(no_mangle)]
 static FORK_CHILD_PID_OFFSET: Global<u32> = Global::new(0);
 
+/// The byte for `pid`, or None past the array (pid_max raised after load).
+#[inline(always)]
+fn byte(pid: u32) -> Option<*mut u8> {
+    let chunk = WATCHED.get_ptr_mut(pid / PIDS_PER_CHUNK as u32)?;
+    // SAFETY: the index is below PIDS_PER_CHUNK, inside the chunk.
+    Some(unsafe { chunk.cast::<u8>().add(pid as usize % PIDS_PER_CHUNK) })
+}
+
 #[inline(always)]
 pub fn is_watched(tgid: u32) -> bool {
-    WATCHED.get_ptr(tgid).is_some()
+    byte(tgid).is_some_and(|b| unsafe { *b } != 0)
 }
 
 fn watch(pid: u32, reason: WatchReason) {
-    if WATCHED.insert(pid, reason as u32, 0).is_err() {
-        count(Stat::WatchFull);
+    match byte(pid) {
+        Some(b) => unsafe { *b = reason as u8 },
+        None => count(Stat::WatchOutOfRange),
     }
 }
 
@@ -77,9 +89,14 @@ pub fn watch_exec(_ctx: TracePointContext) -> u32 {
 pub fn watch_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
-    // Removes a thread's own entry, or the process's entry when its main
-    // thread (tid == tgid) exits.
-    let _ = WATCHED.remove(tid);
+    // Clears a thread's own entry, or the process's entry when its main
+    // thread (tid == tgid) exits. Read first: this runs at every exit on the
+    // machine, and most bytes are already 0.
+    if let Some(b) = byte(tid)
+        && unsafe { *b } != 0
+    {
+        unsafe { *b = 0 };
+    }
     crate::accept::forget_thread(tid);
     0
 }

@@ -188,7 +188,7 @@ fn emit(out: &mut impl Write, report: &Report, json: bool) -> Result<bool> {
 /// attached); returns the watched processes now alive, with their names.
 fn refresh_watch_set(selector: &Selector, probes: &mut Probes) -> Result<Vec<(u32, String)>> {
     let procs = procfs::processes();
-    let mut watched: HashSet<u32> = probes.watched()?.into_iter().map(|(pid, _)| pid).collect();
+    let mut watched: HashSet<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
     for p in &procs {
         if selector.matches_name(&p.comm, p.exe_basename.as_deref()) && watched.insert(p.pid) {
             probes.watch_pid(p.pid)?;

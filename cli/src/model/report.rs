@@ -26,13 +26,13 @@ pub struct Drops {
     pub ringbuf_full: u64,
     /// Accepts not timed because another watched thread's accept shared their slot.
     pub accept_slot_shared: u64,
-    /// Processes not watched because the watch set was full.
-    pub watch_full: u64,
+    /// Processes not watched because their pid lies beyond the watch set.
+    pub watch_out_of_range: u64,
 }
 
 impl Drops {
     pub fn total(&self) -> u64 {
-        self.ringbuf_full + self.accept_slot_shared + self.watch_full
+        self.ringbuf_full + self.accept_slot_shared + self.watch_out_of_range
     }
 }
 
@@ -179,7 +179,7 @@ mod tests {
         let drops = Drops {
             ringbuf_full: 2,
             accept_slot_shared: 1,
-            watch_full: 0,
+            watch_out_of_range: 0,
         };
         let r = Report::build(
             ReportKind::Interval,

@@ -8,25 +8,18 @@ use probes_common::accept::{
     EXIT_PROGRAM, EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, SLOT_MASK_GLOBAL,
 };
 
-use super::{loader::attach_tracepoints, tracefs::Tracefs};
-use crate::model::process::AcceptSample;
-
-/// How the accept programs are set up on this kernel.
-pub struct Setup {
-    pub globals: Vec<(&'static str, u32)>,
-    pub map_sizes: Vec<(&'static str, u32)>,
-}
+use super::{
+    loader::{Setup, attach_tracepoints},
+    tracefs::Tracefs,
+};
+use crate::{model::process::AcceptSample, procfs};
 
 /// The `ret` offset from this kernel's tracepoint layouts (one program serves
 /// accept and accept4, so their layouts must agree), and the in-flight slot
 /// array sized from `pid_max`.
 pub fn setup(tracefs: &Tracefs) -> Result<Setup> {
     let ret = same_offset(tracefs, &EXIT_TRACEPOINTS, "ret")?;
-    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        .unwrap_or(u32::MAX);
-    let slots = slot_count(pid_max);
+    let slots = slot_count(procfs::pid_max());
     Ok(Setup {
         globals: vec![(EXIT_RET_OFFSET_GLOBAL, ret), (SLOT_MASK_GLOBAL, slots - 1)],
         map_sizes: vec![(ACCEPT_START_MAP, slots)],

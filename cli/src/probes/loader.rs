@@ -19,7 +19,7 @@ use probes_common::{
     watch::WatchReason,
 };
 
-use super::{accept, preflight, tracefs::Tracefs, watch};
+use super::{accept, preflight, tracefs::Tracefs, watch, watch::WatchSet};
 use crate::model::report::{Drops, ProgramCost};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probes"));
@@ -31,7 +31,15 @@ pub struct Options {
     pub probe_cost: bool,
 }
 
+/// What one probe needs set before load: globals and map sizes.
+pub struct Setup {
+    pub globals: Vec<(&'static str, u32)>,
+    pub map_sizes: Vec<(&'static str, u32)>,
+}
+
 pub struct Probes {
+    // Unmapped before the maps close.
+    watch_set: WatchSet,
     ebpf: Ebpf,
     _stats: Option<OwnedFd>,
     // Dropped last: unmounts tracefs if stackprobe mounted it.
@@ -44,17 +52,19 @@ impl Probes {
         let btf = preflight::load_btf()?;
         let tracefs = Tracefs::open_or_mount()?;
 
-        let accept = accept::setup(&tracefs)?;
-        let watch_globals = watch::globals(&tracefs)?;
+        let setups = [accept::setup(&tracefs)?, watch::setup(&tracefs)?];
         let mut loader = EbpfLoader::new();
         loader.btf(Some(&btf));
-        for (name, value) in accept.globals.iter().chain(&watch_globals) {
-            loader.override_global(name, value, true);
-        }
-        for &(name, size) in &accept.map_sizes {
-            loader.map_max_entries(name, size);
+        for setup in &setups {
+            for (name, value) in &setup.globals {
+                loader.override_global(name, value, true);
+            }
+            for &(name, size) in &setup.map_sizes {
+                loader.map_max_entries(name, size);
+            }
         }
         let mut ebpf = loader.load(OBJECT).context("loading the eBPF object")?;
+        let watch_set = WatchSet::take(&mut ebpf)?;
 
         let stats = if options.probe_cost {
             Some(enable_stats(Stats::RunTime).context("enabling BPF run-time statistics")?)
@@ -66,6 +76,7 @@ impl Probes {
         watch::attach(&mut ebpf, &tracefs)?;
         accept::attach(&mut ebpf, &tracefs)?;
         Ok(Self {
+            watch_set,
             ebpf,
             _stats: stats,
             _tracefs: tracefs,
@@ -77,11 +88,11 @@ impl Probes {
     }
 
     pub fn watch_pid(&mut self, tgid: u32) -> Result<()> {
-        watch::add_pid(&mut self.ebpf, tgid)
+        self.watch_set.add(tgid)
     }
 
-    pub fn watched(&mut self) -> Result<Vec<(u32, Option<WatchReason>)>> {
-        watch::pids(&mut self.ebpf)
+    pub fn watched(&self) -> Vec<(u32, Option<WatchReason>)> {
+        self.watch_set.pids()
     }
 
     /// The ring buffer every probe writes to; can be taken once.
@@ -103,7 +114,7 @@ impl Probes {
         Ok(Drops {
             ringbuf_full: read(Stat::RingbufFull)?,
             accept_slot_shared: read(Stat::AcceptSlotShared)?,
-            watch_full: read(Stat::WatchFull)?,
+            watch_out_of_range: read(Stat::WatchOutOfRange)?,
         })
     }
 

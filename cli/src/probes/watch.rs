@@ -1,24 +1,45 @@
 //! Userspace side of the watch set (kernel side: probes-ebpf/src/watch.rs):
-//! attaching the fork/exec/exit programs and reading and seeding the maps.
+//! sizing it, attaching the fork/exec/exit programs, and reading and seeding
+//! the set through a shared mapping of the kernel's array.
 
-use anyhow::{Context as _, Result};
+use std::{
+    os::fd::{AsFd as _, AsRawFd as _},
+    ptr::NonNull,
+    sync::atomic::{AtomicU8, Ordering},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Ebpf,
-    maps::{HashMap, MapError},
+    maps::{HashMap, Map, MapData},
 };
 use probes_common::{
     TASK_COMM_LEN,
     watch::{
-        EXEC_PROGRAM, EXIT_PROGRAM, FORK_CHILD_PID_OFFSET_GLOBAL, FORK_PROGRAM, WATCHED_MAP,
-        WATCHED_NAMES_MAP, WatchReason,
+        EXEC_PROGRAM, EXIT_PROGRAM, FORK_CHILD_PID_OFFSET_GLOBAL, FORK_PROGRAM, PIDS_PER_CHUNK,
+        WATCHED_MAP, WATCHED_MAX_CHUNKS, WATCHED_NAMES_MAP, WatchReason,
     },
 };
 
-use super::{loader::attach_tracepoints, tracefs::Tracefs};
+use super::{
+    loader::{Setup, attach_tracepoints},
+    tracefs::Tracefs,
+};
+use crate::procfs;
 
-pub fn globals(tracefs: &Tracefs) -> Result<Vec<(&'static str, u32)>> {
+pub fn setup(tracefs: &Tracefs) -> Result<Setup> {
     let child_pid = tracefs.offset("sched", "sched_process_fork", "child_pid", 4)?;
-    Ok(vec![(FORK_CHILD_PID_OFFSET_GLOBAL, child_pid)])
+    Ok(Setup {
+        globals: vec![(FORK_CHILD_PID_OFFSET_GLOBAL, child_pid)],
+        map_sizes: vec![(WATCHED_MAP, chunk_count(procfs::pid_max()))],
+    })
+}
+
+/// One byte per possible pid: pid_max bytes, 4 MiB at the kernel's ceiling.
+pub fn chunk_count(pid_max: u32) -> u32 {
+    pid_max
+        .div_ceil(PIDS_PER_CHUNK as u32)
+        .clamp(1, WATCHED_MAX_CHUNKS)
 }
 
 pub fn attach(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> {
@@ -45,13 +66,6 @@ pub fn attach(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> {
     )
 }
 
-fn watched_map(ebpf: &mut Ebpf) -> Result<HashMap<&mut aya::maps::MapData, u32, u32>> {
-    let map = ebpf
-        .map_mut(WATCHED_MAP)
-        .context("the probes lack the WATCHED map")?;
-    Ok(HashMap::try_from(map)?)
-}
-
 pub fn add_names(ebpf: &mut Ebpf, keys: &[[u8; TASK_COMM_LEN]]) -> Result<()> {
     let map = ebpf
         .map_mut(WATCHED_NAMES_MAP)
@@ -65,30 +79,103 @@ pub fn add_names(ebpf: &mut Ebpf, keys: &[[u8; TASK_COMM_LEN]]) -> Result<()> {
     Ok(())
 }
 
-/// Adds `tgid` unless it is already there (keeping how it got there).
-pub fn add_pid(ebpf: &mut Ebpf, tgid: u32) -> Result<()> {
-    let mut map = watched_map(ebpf)?;
-    match map.get(&tgid, 0) {
-        Ok(_) => Ok(()),
-        Err(MapError::KeyNotFound) => map
-            .insert(tgid, WatchReason::Selected as u32, 0)
-            .with_context(|| format!("adding pid {tgid} to the watch set")),
-        Err(e) => Err(e.into()),
+/// The kernel's watch-set array, mapped into this process. The kernel and
+/// userspace each write whole single bytes, so neither overwrites the
+/// other's change to a neighbouring pid.
+pub struct WatchSet {
+    bytes: NonNull<u8>,
+    len: usize,
+    mapped_len: usize,
+    _map: MapData,
+}
+
+impl WatchSet {
+    pub fn take(ebpf: &mut Ebpf) -> Result<Self> {
+        let Some(Map::Array(map)) = ebpf.take_map(WATCHED_MAP) else {
+            bail!("the probes lack the {WATCHED_MAP} array");
+        };
+        let chunks = map.info()?.max_entries() as usize;
+        let len = chunks * PIDS_PER_CHUNK;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let mapped_len = len.div_ceil(page) * page;
+        // SAFETY: mapping a BPF_F_MMAPABLE array map's fd at offset 0 for at
+        // most its (page-rounded) size, as the kernel allows.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mapping the watch set");
+        }
+        let bytes = NonNull::new(ptr.cast()).ok_or_else(|| anyhow!("mmap returned null"))?;
+        Ok(Self {
+            bytes,
+            len,
+            mapped_len,
+            _map: map,
+        })
+    }
+
+    fn byte(&self, pid: u32) -> Option<&AtomicU8> {
+        let i = pid as usize;
+        // SAFETY: in bounds of the live mapping; AtomicU8 has u8's layout and
+        // every access to the shared bytes is a single-byte load or store.
+        (i < self.len).then(|| unsafe { AtomicU8::from_ptr(self.bytes.as_ptr().add(i)) })
+    }
+
+    /// Watches `pid` unless it is already watched (keeping how it got there).
+    pub fn add(&self, pid: u32) -> Result<()> {
+        let byte = self
+            .byte(pid)
+            .with_context(|| format!("pid {pid} is beyond the watch set ({} pids)", self.len))?;
+        if byte.load(Ordering::Relaxed) == 0 {
+            byte.store(WatchReason::Selected as u8, Ordering::Relaxed);
+            // Had it exited between the /proc read and the store, the kernel's
+            // exit probe has already run: clear the byte so a recycled pid is
+            // not watched.
+            if procfs::has_exited(pid) {
+                byte.store(0, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every watched pid: processes, and threads started by watched processes
+    /// while they live.
+    pub fn pids(&self) -> Vec<(u32, Option<WatchReason>)> {
+        (0..self.len as u32)
+            .filter_map(|pid| {
+                let v = self.byte(pid)?.load(Ordering::Relaxed);
+                (v != 0).then(|| (pid, WatchReason::from_u8(v)))
+            })
+            .collect()
     }
 }
 
-/// Every key of the watch set: tgids, and tids of threads started by watched
-/// processes while they live.
-pub fn pids(ebpf: &mut Ebpf) -> Result<Vec<(u32, Option<WatchReason>)>> {
-    let map = watched_map(ebpf)?;
-    let mut out = Vec::new();
-    for entry in map.iter() {
-        match entry {
-            Ok((pid, reason)) => out.push((pid, WatchReason::from_u32(reason))),
-            // A key deleted by an exit between two iteration steps.
-            Err(MapError::KeyNotFound) => continue,
-            Err(e) => return Err(e.into()),
-        }
+impl Drop for WatchSet {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what take() mapped.
+        unsafe { libc::munmap(self.bytes.as_ptr().cast(), self.mapped_len) };
     }
-    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_byte_per_pid_up_to_the_kernel_ceiling() {
+        assert_eq!(chunk_count(32768), 512);
+        assert_eq!(chunk_count(32769), 513);
+        assert_eq!(chunk_count(1 << 22), WATCHED_MAX_CHUNKS);
+        assert_eq!(chunk_count(u32::MAX), WATCHED_MAX_CHUNKS);
+        assert_eq!(chunk_count(0), 1);
+    }
 }

@@ -28,8 +28,8 @@ pub fn render(report: &Report) -> String {
         let d = report.drops_by_cause;
         let _ = write!(
             out,
-            " · DROPS {} (ring buffer full {}, accept slot shared {}, watch set full {})",
-            report.drops, d.ringbuf_full, d.accept_slot_shared, d.watch_full
+            " · DROPS {} (ring buffer full {}, accept slot shared {}, pid beyond watch set {})",
+            report.drops, d.ringbuf_full, d.accept_slot_shared, d.watch_out_of_range
         );
     } else {
         out.push_str(" · drops 0");
@@ -199,10 +199,12 @@ mod tests {
         let text = render(&report(Drops {
             ringbuf_full: 5,
             accept_slot_shared: 1,
-            watch_full: 0,
+            watch_out_of_range: 0,
         }));
         assert!(
-            text.contains("DROPS 6 (ring buffer full 5, accept slot shared 1, watch set full 0)"),
+            text.contains(
+                "DROPS 6 (ring buffer full 5, accept slot shared 1, pid beyond watch set 0)"
+            ),
             "{text}"
         );
     }
