@@ -235,3 +235,33 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
         "still loaded: {after:?}"
     );
 }
+
+#[test]
+fn a_full_ring_buffer_counts_every_lost_event() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+
+    // More accepts than the 1 MiB ring holds (~18.7k events), with nobody
+    // draining it meanwhile.
+    let n = 22_000;
+    server.send(&format!("accept {n} tcp accept4"));
+    let client = std::process::Command::new(LOOPBACK)
+        .args(["connect", "tcp", &server.tcp, &n.to_string()])
+        .output()
+        .unwrap();
+    assert!(client.status.success(), "{client:?}");
+    server.wait_accepted(n);
+
+    let received = s.collect() as u64;
+    let drops = s.probes.drops().unwrap();
+    assert!(drops.ringbuf_full > 0, "the ring never filled: {drops:?}");
+    assert_eq!(
+        received + drops.ringbuf_full,
+        n,
+        "received {received}, dropped {drops:?}"
+    );
+    assert_eq!(s.accepts(server.pid), received);
+    server.stop();
+}
