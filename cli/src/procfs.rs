@@ -57,6 +57,15 @@ pub fn processes() -> Vec<ProcInfo> {
         .collect()
 }
 
+/// The process's command line as one string: how forking servers title their
+/// processes (`postgres: app db 127.0.0.1(51234) idle`, `php-fpm: pool www`).
+pub fn cmdline(pid: u32) -> Option<String> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let text = String::from_utf8_lossy(&raw).replace('\0', " ");
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
 /// The largest pid plus one (`kernel.pid_max`); 2^22, the kernel's ceiling,
 /// if unreadable.
 pub fn pid_max() -> u32 {

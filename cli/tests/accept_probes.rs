@@ -10,54 +10,8 @@ use std::{
 };
 
 use probes_common::watch::WatchReason;
-use stackprobe::{
-    model::{process::ProcessTable, report::Drops, selector::Selector},
-    probes::{
-        Options, Probes,
-        events::{Event, EventStream},
-    },
-};
+use stackprobe::model::{report::Drops, selector::Selector};
 use support::*;
-
-struct Session {
-    probes: Probes,
-    events: EventStream,
-    table: ProcessTable,
-    _runtime: tokio::runtime::Runtime,
-}
-
-impl Session {
-    fn start() -> Self {
-        require_root();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let _enter = runtime.enter();
-        let mut probes = Probes::load(Options::default()).expect("loading the probes");
-        let events = EventStream::new(probes.take_events().unwrap()).unwrap();
-        Self {
-            probes,
-            events,
-            table: ProcessTable::default(),
-            _runtime: runtime,
-        }
-    }
-
-    /// Moves every event waiting in the ring buffer into the table. The
-    /// clients have read each server's byte, so every accept has returned
-    /// and its event is already in the ring.
-    fn collect(&mut self) -> usize {
-        let table = &mut self.table;
-        self.events.drain(|e| match e {
-            Event::Accept(s) => table.record_accept(&s),
-        })
-    }
-
-    fn accepts(&self, pid: u32) -> u64 {
-        self.table.get(pid).map_or(0, |p| p.accept.total.count())
-    }
-}
 
 #[test]
 fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
@@ -83,7 +37,14 @@ fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
         "an unwatched server must not be reported"
     );
     assert!(s.table.get(other.pid).is_none());
-    let summary = s.table.get(watched.pid).unwrap().accept.total.summary();
+    let summary = s
+        .table
+        .get(watched.pid)
+        .unwrap()
+        .activity
+        .accept
+        .total
+        .summary();
     // Every connection was already queued: each accept is a few µs of work.
     // Bounds are loose because CI machines are noisy, but they are bounds.
     assert!(summary.min_ns > 0, "{summary:?}");
@@ -112,7 +73,14 @@ fn a_blocking_accept_includes_its_wait() {
     server.wait_accepted(1);
     s.collect();
 
-    let summary = s.table.get(server.pid).unwrap().accept.total.summary();
+    let summary = s
+        .table
+        .get(server.pid)
+        .unwrap()
+        .activity
+        .accept
+        .total
+        .summary();
     assert_eq!(summary.count, 1);
     // The server entered accept within moments of the command, then waited.
     assert!(

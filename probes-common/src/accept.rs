@@ -4,15 +4,8 @@
 
 use crate::TASK_COMM_LEN;
 
-/// Array of [`AcceptStart`] slots, one per thread id modulo its size: an
-/// array lookup is a few inlined instructions where a hash update costs
-/// hundreds of ns. Userspace sizes it to cover `pid_max` when that is at most
-/// [`ACCEPT_START_MAX_SLOTS`], so slots are then never shared.
+/// Array of [`AcceptStart`] slots (see [`crate::DEFAULT_SLOTS`]).
 pub const ACCEPT_START_MAP: &str = "ACCEPT_START";
-pub const ACCEPT_START_DEFAULT_SLOTS: u32 = 32768;
-pub const ACCEPT_START_MAX_SLOTS: u32 = 1 << 18;
-/// Global holding the slot count minus one (slot counts are powers of two).
-pub const SLOT_MASK_GLOBAL: &str = "ACCEPT_SLOT_MASK";
 /// Global holding the offset of `ret` in `sys_exit_accept{,4}`.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "ACCEPT_EXIT_RET_OFFSET";
 

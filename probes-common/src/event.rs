@@ -16,12 +16,24 @@ pub const EVENTS_WAKEUP_BYTES: u64 = (EVENTS_RING_BYTES / 4) as u64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
     Accept = 1,
+    /// A clone/clone3/fork/vfork call of a watched process returned.
+    Fork = 2,
+    /// A watched process created a task (`sched_process_fork`).
+    Spawn = 3,
+    /// A watched process exec'd.
+    Exec = 4,
+    /// A watched process (its main thread) exited.
+    Exit = 5,
 }
 
 impl EventKind {
     pub fn from_u32(kind: u32) -> Option<Self> {
         match kind {
             1 => Some(Self::Accept),
+            2 => Some(Self::Fork),
+            3 => Some(Self::Spawn),
+            4 => Some(Self::Exec),
+            5 => Some(Self::Exit),
             _ => None,
         }
     }

@@ -6,8 +6,19 @@
 
 pub mod accept;
 pub mod event;
+pub mod fork;
+pub mod lifecycle;
 pub mod stats;
 pub mod watch;
 
 /// Length of `task_struct::comm`, including the trailing NUL.
 pub const TASK_COMM_LEN: usize = 16;
+
+/// Per-thread in-flight syscalls are kept in arrays of slots indexed by thread
+/// id modulo their size: an array lookup is a few inlined instructions where a
+/// hash update costs hundreds of ns. Userspace sizes them to cover `pid_max`
+/// when that is at most [`MAX_SLOTS`], so slots are then never shared.
+pub const DEFAULT_SLOTS: u32 = 32768;
+pub const MAX_SLOTS: u32 = 1 << 18;
+/// Global holding the slot count minus one (slot counts are powers of two).
+pub const SLOT_MASK_GLOBAL: &str = "SLOT_MASK";

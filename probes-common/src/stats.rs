@@ -14,14 +14,9 @@ pub enum Stat {
     /// A process could not be watched: its pid lies beyond the watch set,
     /// which is sized from `pid_max` at load (pid_max was raised since).
     WatchOutOfRange = 2,
+    /// A clone could not be timed because another watched thread's clone
+    /// took its slot (only when `pid_max` exceeds the slot count).
+    ForkSlotShared = 3,
 }
 
-pub const STAT_COUNT: u32 = 3;
-
-impl Stat {
-    pub const ALL: [Stat; STAT_COUNT as usize] = [
-        Stat::RingbufFull,
-        Stat::AcceptSlotShared,
-        Stat::WatchOutOfRange,
-    ];
-}
+pub const STAT_COUNT: u32 = 4;

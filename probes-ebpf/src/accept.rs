@@ -9,27 +9,22 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use probes_common::{
-    accept::{ACCEPT_START_DEFAULT_SLOTS, AcceptEvent, AcceptStart},
+    DEFAULT_SLOTS,
+    accept::{AcceptEvent, AcceptStart},
     event::EventKind,
     stats::Stat,
 };
 
-use crate::{events, watch::is_watched};
+use crate::{events, slots, watch::is_watched};
 
 #[map]
-static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(ACCEPT_START_DEFAULT_SLOTS, 0);
-
-#[unsafe(no_mangle)]
-static ACCEPT_SLOT_MASK: Global<u32> = Global::new(ACCEPT_START_DEFAULT_SLOTS - 1);
+static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 #[unsafe(no_mangle)]
 static ACCEPT_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
 
 #[inline(always)]
 fn slot(tid: u32) -> Option<&'static mut AcceptStart> {
-    let ptr = ACCEPT_START.get_ptr_mut(tid & ACCEPT_SLOT_MASK.load())?;
-    // SAFETY: array values live as long as the map; a slot is written only by
-    // the thread whose id maps to it.
-    Some(unsafe { &mut *ptr })
+    slots::slot(&ACCEPT_START, tid)
 }
 
 #[tracepoint]

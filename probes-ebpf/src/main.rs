@@ -5,6 +5,8 @@
 
 mod accept;
 mod events;
+mod fork;
+mod slots;
 mod watch;
 
 #[unsafe(link_section = "license")]

@@ -8,6 +8,11 @@
 //!       syscall, writing one byte to each before closing it; replies `accepted N`
 //!   `fork`  fork; the child (`child PID`) takes over the commands and the
 //!       parent waits for it
+//!   `serve-fork N tcp|unix MS`  accept N connections and fork a child for
+//!       each, as a forking server does: the child writes the byte, lives MS
+//!       milliseconds and exits; replies `served N` once all are reaped
+//!   `threads N`  start N threads that end at once; replies `threads N`
+//!   `spawn-exec N`  fork N children that exec /bin/true; replies `execs N`
 //!   `exit`  exit (as does end of input)
 //!
 //! `stackprobe-loopback connect tcp|unix ADDR N` opens N connections one after
@@ -110,6 +115,44 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                     child => return Ok(wait_for(child)),
                 }
             }
+            ["serve-fork", n, which, ms] => {
+                let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
+                let ms: u64 = ms.parse().map_err(|e| format!("lifetime: {e}"))?;
+                let fd = match *which {
+                    "tcp" => tcp.as_raw_fd(),
+                    "unix" => unix.as_ref().ok_or("no --unix listener")?.as_raw_fd(),
+                    other => return Err(format!("unknown listener {other}")),
+                };
+                let mut children = Vec::new();
+                for _ in 0..n {
+                    children.push(accept_and_fork(fd, ms)?);
+                }
+                for child in children {
+                    reap(child)?;
+                }
+                say(format!("served {n}"))?;
+            }
+            ["threads", n] => {
+                let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
+                for _ in 0..n {
+                    std::thread::spawn(|| ())
+                        .join()
+                        .map_err(|_| "a thread panicked")?;
+                }
+                say(format!("threads {n}"))?;
+            }
+            ["spawn-exec", n] => {
+                let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
+                for _ in 0..n {
+                    let status = std::process::Command::new("/bin/true")
+                        .status()
+                        .map_err(|e| format!("spawning /bin/true: {e}"))?;
+                    if !status.success() {
+                        return Err(format!("/bin/true: {status}"));
+                    }
+                }
+                say(format!("execs {n}"))?;
+            }
             ["exit"] => break,
             [] => {}
             _ => return Err(format!("unknown command {line:?}")),
@@ -146,6 +189,58 @@ fn accept_one(listen_fd: RawFd, plain: bool) -> Result<()> {
         // The client waits for this byte, so it knows its connection was accepted.
         return stream.write_all(b"x").map_err(|e| format!("write: {e}"));
     }
+}
+
+/// Accepts one connection and forks a child to serve it: the child writes the
+/// byte, lives `ms` milliseconds and exits without returning.
+fn accept_and_fork(listen_fd: RawFd, ms: u64) -> Result<libc::pid_t> {
+    let conn = loop {
+        // SAFETY: a plain syscall on a listening socket we own.
+        let fd = unsafe {
+            libc::accept4(
+                listen_fd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd >= 0 {
+            break fd;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(format!("accept: {err}"));
+        }
+    };
+    // SAFETY: the server is single-threaded here; the child only makes
+    // async-signal-safe calls (write, close, nanosleep, _exit).
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", io::Error::last_os_error())),
+        0 => unsafe {
+            libc::write(conn, b"x".as_ptr().cast(), 1);
+            libc::close(conn);
+            let t = libc::timespec {
+                tv_sec: (ms / 1000) as libc::time_t,
+                tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+            };
+            libc::nanosleep(&t, std::ptr::null_mut());
+            libc::_exit(0)
+        },
+        child => {
+            // SAFETY: the parent's copy of the connection is no longer needed.
+            unsafe { libc::close(conn) };
+            Ok(child)
+        }
+    }
+}
+
+fn reap(child: libc::pid_t) -> Result<()> {
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    if unsafe { libc::waitpid(child, &mut status, 0) } != child || !libc::WIFEXITED(status) {
+        return Err(format!("child {child} did not exit cleanly"));
+    }
+    Ok(())
 }
 
 fn wait_for(child: libc::pid_t) -> ExitCode {

@@ -2,7 +2,7 @@
 //! interval and once more at exit.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     io::{self, Write},
     time::Instant,
 };
@@ -16,13 +16,14 @@ use tokio::{
 use crate::{
     cli::WatchArgs,
     model::{
-        process::ProcessTable,
+        event::Event,
+        process::{LiveProcess, ProcessTable},
         report::{Report, ReportKind},
         selector::Selector,
     },
     probes::{
         Options, Probes,
-        events::{DRAIN_PERIOD, Event, EventStream},
+        events::{DRAIN_PERIOD, EventStream},
     },
     procfs, view,
 };
@@ -88,9 +89,7 @@ async fn watch(args: WatchArgs) -> Result<()> {
     let mut last_report = start;
     let mut out = io::stdout().lock();
 
-    let apply = |table: &mut ProcessTable, event: Event| match event {
-        Event::Accept(sample) => table.record_accept(&sample),
-    };
+    let apply = |table: &mut ProcessTable, event: Event| table.apply(&event);
 
     loop {
         tokio::select! {
@@ -185,8 +184,8 @@ fn emit(out: &mut impl Write, report: &Report, json: bool) -> Result<bool> {
 
 /// Adds to the kernel's watch set every running process selected by name and
 /// every child of a watched process (those forked before the fork probe was
-/// attached); returns the watched processes now alive, with their names.
-fn refresh_watch_set(selector: &Selector, probes: &mut Probes) -> Result<Vec<(u32, String)>> {
+/// attached); returns the watched processes now alive.
+fn refresh_watch_set(selector: &Selector, probes: &mut Probes) -> Result<Vec<LiveProcess>> {
     let procs = procfs::processes();
     let mut watched: HashSet<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
     for p in &procs {
@@ -208,19 +207,25 @@ fn refresh_watch_set(selector: &Selector, probes: &mut Probes) -> Result<Vec<(u3
             watched.insert(pid);
         }
     }
+    let names: HashMap<u32, &str> = procs.iter().map(|p| (p.pid, p.comm.as_str())).collect();
     Ok(procs
         .iter()
         .filter(|p| watched.contains(&p.pid))
-        .map(|p| (p.pid, p.comm.clone()))
+        .map(|p| LiveProcess {
+            pid: p.pid,
+            name: p.comm.clone(),
+            title: procfs::cmdline(p.pid),
+            parent: names.get(&p.ppid).map(|name| (p.ppid, name.to_string())),
+        })
         .collect())
 }
 
-fn list(procs: &[(u32, String)]) -> String {
+fn list(procs: &[LiveProcess]) -> String {
     const SHOWN: usize = 8;
     let mut names: Vec<String> = procs
         .iter()
         .take(SHOWN)
-        .map(|(pid, name)| format!("{name}[{pid}]"))
+        .map(|p| format!("{}[{}]", p.name, p.pid))
         .collect();
     if procs.len() > SHOWN {
         names.push(format!("and {} more", procs.len() - SHOWN));

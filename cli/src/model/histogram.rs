@@ -1,6 +1,9 @@
 //! Latency distributions: an HdrHistogram (1 ns .. 60 s at 3 significant
 //! digits, so every percentile is within 0.1% of the true value) plus the exact
 //! count, min, max and sum, which the histogram alone would round.
+//!
+//! The HdrHistogram (~220 KB) is allocated at the first sample: most processes
+//! of a forking server never accept or fork, and their rows stay small.
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -12,7 +15,7 @@ pub const SIGNIFICANT_DIGITS: u8 = 3;
 
 #[derive(Clone, Debug)]
 pub struct LatencyHistogram {
-    hist: Histogram<u64>,
+    hist: Option<Box<Histogram<u64>>>,
     min: u64,
     max: u64,
     sum: u128,
@@ -48,32 +51,43 @@ impl Default for LatencyHistogram {
 impl LatencyHistogram {
     pub fn new() -> Self {
         Self {
-            hist: Histogram::new_with_bounds(1, HIGHEST_NS, SIGNIFICANT_DIGITS)
-                .expect("constant histogram bounds are valid"),
+            hist: None,
             min: u64::MAX,
             max: 0,
             sum: 0,
         }
     }
 
+    fn hist_mut(&mut self) -> &mut Histogram<u64> {
+        self.hist.get_or_insert_with(|| {
+            Box::new(
+                Histogram::new_with_bounds(1, HIGHEST_NS, SIGNIFICANT_DIGITS)
+                    .expect("constant histogram bounds are valid"),
+            )
+        })
+    }
+
     pub fn record(&mut self, ns: u64) {
-        self.hist.saturating_record(ns);
+        self.hist_mut().saturating_record(ns);
         self.min = self.min.min(ns);
         self.max = self.max.max(ns);
         self.sum += u128::from(ns);
     }
 
     pub fn count(&self) -> u64 {
-        self.hist.len()
+        self.hist.as_ref().map_or(0, |h| h.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.hist.is_empty()
+        self.count() == 0
     }
 
     pub fn add(&mut self, other: &LatencyHistogram) {
-        self.hist
-            .add(&other.hist)
+        let Some(theirs) = &other.hist else {
+            return;
+        };
+        self.hist_mut()
+            .add(theirs.as_ref())
             .expect("histograms with equal bounds always add");
         self.min = self.min.min(other.min);
         self.max = self.max.max(other.max);
@@ -81,7 +95,9 @@ impl LatencyHistogram {
     }
 
     pub fn reset(&mut self) {
-        self.hist.reset();
+        if let Some(h) = &mut self.hist {
+            h.reset();
+        }
         self.min = u64::MAX;
         self.max = 0;
         self.sum = 0;
@@ -90,10 +106,10 @@ impl LatencyHistogram {
     /// The value at quantile `q` (0..=1), clamped to the exact min and max so a
     /// percentile never lies outside what was observed.
     pub fn quantile(&self, q: f64) -> u64 {
-        if self.is_empty() {
-            return 0;
+        match &self.hist {
+            Some(h) if !h.is_empty() => h.value_at_quantile(q).clamp(self.min, self.max),
+            _ => 0,
         }
-        self.hist.value_at_quantile(q).clamp(self.min, self.max)
     }
 
     pub fn summary(&self) -> Summary {
@@ -117,9 +133,12 @@ impl LatencyHistogram {
     /// ones in between included (as bpftrace prints them). HdrHistogram's
     /// sub-buckets never straddle a power of two, so these counts are exact.
     pub fn log2_buckets(&self) -> Vec<Log2Bucket> {
+        let Some(hist) = &self.hist else {
+            return Vec::new();
+        };
         let mut counts = [0u64; 65];
-        for v in self.hist.iter_recorded() {
-            let value = self.hist.lowest_equivalent(v.value_iterated_to());
+        for v in hist.iter_recorded() {
+            let value = hist.lowest_equivalent(v.value_iterated_to());
             counts[log2_index(value)] += v.count_at_value();
         }
         let Some(first) = counts.iter().position(|&c| c > 0) else {
@@ -244,6 +263,17 @@ mod tests {
         assert_eq!(b.len(), 2);
         assert_eq!((b[0].lo, b[0].count), (1 << 29, 1));
         assert_eq!((b[1].lo, b[1].count), (1 << 30, 1));
+    }
+
+    #[test]
+    fn an_unused_histogram_allocates_nothing() {
+        let mut h = LatencyHistogram::new();
+        assert!(h.hist.is_none());
+        h.add(&LatencyHistogram::new());
+        h.reset();
+        assert!(h.hist.is_none());
+        h.record(1);
+        assert!(h.hist.is_some());
     }
 
     #[test]

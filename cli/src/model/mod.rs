@@ -2,7 +2,9 @@
 //! render. It knows nothing of the kernel or the terminal, so it is
 //! unit-tested without root.
 
+pub mod event;
 pub mod histogram;
 pub mod process;
 pub mod report;
+pub mod roles;
 pub mod selector;

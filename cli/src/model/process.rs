@@ -1,11 +1,24 @@
 //! The process table: what was measured for each watched process, for the
-//! current interval and since the start.
+//! current interval and since the start, and the lifecycle that links them
+//! (who forked whom, when, how long children live).
+//!
+//! Memory stays bounded however many pids come and go: only live processes
+//! have an entry; an exited process folds its numbers into its role's totals
+//! and its entry is removed. Roles are at most [`MAX_ROLES`] (further ones fold
+//! into [`OTHER_ROLE`]), so the table holds O(live watched processes + roles).
 
 use std::collections::BTreeMap;
 
-use super::histogram::LatencyHistogram;
+use super::{
+    event::{AcceptSample, Event, ExecSample, ExitSample, ForkSample, SpawnSample, TaskKind},
+    histogram::LatencyHistogram,
+    roles,
+};
 
-/// One latency metric of one process.
+pub const MAX_ROLES: usize = 256;
+pub const OTHER_ROLE: &str = "(other)";
+
+/// One latency metric: the current interval and everything since the start.
 #[derive(Clone, Debug, Default)]
 pub struct Metric {
     pub interval: LatencyHistogram,
@@ -17,16 +30,99 @@ impl Metric {
         self.interval.record(ns);
         self.total.record(ns);
     }
+
+    fn add(&mut self, other: &Metric) {
+        self.interval.add(&other.interval);
+        self.total.add(&other.total);
+    }
+
+    fn reset_interval(&mut self) {
+        self.interval.reset();
+    }
+}
+
+/// A plain count, for the current interval and since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    pub interval: u64,
+    pub total: u64,
+}
+
+impl Counter {
+    pub fn bump(&mut self) {
+        self.interval += 1;
+        self.total += 1;
+    }
+
+    fn add(&mut self, other: &Counter) {
+        self.interval += other.interval;
+        self.total += other.total;
+    }
+}
+
+/// Everything measured about one process (or, summed, about a role).
+#[derive(Clone, Debug, Default)]
+pub struct Activity {
+    pub accept: Metric,
+    /// Latency of clones that created a process (count = processes forked).
+    pub fork: Metric,
+    /// Latency of clones that created a thread (count = threads created).
+    pub thread: Metric,
+    /// Clones whose kind was not seen (started before the probes attached).
+    pub fork_unknown: Counter,
+    /// Failed clone/fork calls.
+    pub fork_failed: Counter,
+    /// Lifetimes (fork → exit) of this process's children.
+    pub child_lifetime: Metric,
+    /// Execs by this process itself.
+    pub execs: Counter,
+    /// Children of this process that exec'd.
+    pub children_exec: Counter,
+}
+
+impl Activity {
+    pub fn add(&mut self, other: &Activity) {
+        self.accept.add(&other.accept);
+        self.fork.add(&other.fork);
+        self.thread.add(&other.thread);
+        self.fork_unknown.add(&other.fork_unknown);
+        self.fork_failed.add(&other.fork_failed);
+        self.child_lifetime.add(&other.child_lifetime);
+        self.execs.add(&other.execs);
+        self.children_exec.add(&other.children_exec);
+    }
+
+    fn reset_interval(&mut self) {
+        self.accept.reset_interval();
+        self.fork.reset_interval();
+        self.thread.reset_interval();
+        self.child_lifetime.reset_interval();
+        for c in [
+            &mut self.fork_unknown,
+            &mut self.fork_failed,
+            &mut self.execs,
+            &mut self.children_exec,
+        ] {
+            c.interval = 0;
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 pub struct Process {
     pub pid: u32,
     pub name: String,
-    /// In the kernel's watch set as of the last sync; exited processes keep
-    /// their totals.
+    /// How the process titles itself (/proc/PID/cmdline), once read.
+    pub title: Option<String>,
+    /// The parent's pid and name, when known.
+    pub parent: Option<(u32, String)>,
+    /// When it was forked, if that happened while stackprobe watched.
+    pub born_ns: Option<u64>,
+    /// Has forked a child process with its own name (a master).
+    pub forks_own_name: bool,
+    /// In the kernel's watch set as of the last sync.
     pub watched: bool,
-    pub accept: Metric,
+    pub activity: Activity,
 }
 
 impl Process {
@@ -34,49 +130,181 @@ impl Process {
         Self {
             pid,
             name,
+            title: None,
+            parent: None,
+            born_ns: None,
+            forks_own_name: false,
             watched: true,
-            accept: Metric::default(),
+            activity: Activity::default(),
         }
+    }
+
+    pub fn role(&self) -> String {
+        roles::role(
+            &self.name,
+            self.title.as_deref(),
+            self.parent.as_ref().map(|(_, n)| n.as_str()),
+            self.forks_own_name,
+        )
     }
 }
 
-/// A successful accept, as the accept probe reports it.
+/// What /proc says about a watched process (the sync's input).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AcceptSample {
-    pub tgid: u32,
-    pub tid: u32,
-    pub comm: String,
-    pub conn_fd: i32,
-    pub latency_ns: u64,
+pub struct LiveProcess {
+    pub pid: u32,
+    pub name: String,
+    pub title: Option<String>,
+    pub parent: Option<(u32, String)>,
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct ProcessTable {
     procs: BTreeMap<u32, Process>,
+    /// Exited processes' numbers, by role.
+    folded: BTreeMap<String, Activity>,
 }
 
 impl ProcessTable {
+    pub fn apply(&mut self, event: &Event) {
+        match event {
+            Event::Accept(s) => self.record_accept(s),
+            Event::Fork(s) => self.record_fork(s),
+            Event::Spawn(s) => self.record_spawn(s),
+            Event::Exec(s) => self.record_exec(s),
+            Event::Exit(s) => self.record_exit(s),
+        }
+    }
+
+    fn entry(&mut self, pid: u32, name: &str) -> &mut Process {
+        self.procs
+            .entry(pid)
+            .or_insert_with(|| Process::new(pid, name.to_string()))
+    }
+
     pub fn record_accept(&mut self, sample: &AcceptSample) {
-        let proc = self
-            .procs
-            .entry(sample.tgid)
-            .or_insert_with(|| Process::new(sample.tgid, sample.comm.clone()));
+        let proc = self.entry(sample.tgid, &sample.comm);
         proc.watched = true;
-        proc.accept.record(sample.latency_ns);
+        proc.activity.accept.record(sample.latency_ns);
+    }
+
+    fn record_fork(&mut self, s: &ForkSample) {
+        let a = &mut self.entry(s.tgid, &s.comm).activity;
+        if s.ret < 0 {
+            a.fork_failed.bump();
+            return;
+        }
+        match s.kind {
+            TaskKind::Process => a.fork.record(s.latency_ns),
+            TaskKind::Thread => a.thread.record(s.latency_ns),
+            TaskKind::Unknown => a.fork_unknown.bump(),
+        }
+    }
+
+    fn record_spawn(&mut self, s: &SpawnSample) {
+        if s.kind == TaskKind::Thread {
+            return;
+        }
+        let parent = self.entry(s.parent_tgid, &s.comm);
+        let parent_name = parent.name.clone();
+        parent.forks_own_name |= parent_name == s.comm;
+        // A live entry under the child's pid is a process whose exit we never
+        // saw: the pid was recycled, so the old one is gone.
+        self.fold(s.child);
+        let mut child = Process::new(s.child, s.comm.clone());
+        child.parent = Some((s.parent_tgid, parent_name));
+        child.born_ns = Some(s.ts_ns);
+        self.procs.insert(s.child, child);
+    }
+
+    fn record_exec(&mut self, s: &ExecSample) {
+        let parent = {
+            let proc = self.entry(s.tgid, &s.comm);
+            proc.name.clone_from(&s.comm);
+            // The title set before exec belonged to the old program.
+            proc.title = None;
+            proc.activity.execs.bump();
+            proc.parent.as_ref().map(|(pid, _)| *pid)
+        };
+        if let Some(parent) = parent.and_then(|p| self.procs.get_mut(&p)) {
+            parent.activity.children_exec.bump();
+        }
+    }
+
+    fn record_exit(&mut self, s: &ExitSample) {
+        let Some(proc) = self.procs.get(&s.tgid) else {
+            return;
+        };
+        if let (Some(born), Some((parent, parent_name))) = (proc.born_ns, proc.parent.clone()) {
+            let lifetime = s.ts_ns.saturating_sub(born);
+            match self.procs.get_mut(&parent) {
+                Some(p) => p.activity.child_lifetime.record(lifetime),
+                None => {
+                    // The parent is gone: credit its role's totals.
+                    let role = roles::role(&parent_name, None, None, true);
+                    self.folded_role(role).child_lifetime.record(lifetime);
+                }
+            }
+        }
+        self.fold(s.tgid);
+    }
+
+    /// Removes `pid`, adding its numbers to its role's totals.
+    fn fold(&mut self, pid: u32) {
+        if let Some(proc) = self.procs.remove(&pid) {
+            let role = proc.role();
+            self.folded_role(role).add(&proc.activity);
+        }
+    }
+
+    fn folded_role(&mut self, role: String) -> &mut Activity {
+        let key = if self.folded.len() >= MAX_ROLES - 1 && !self.folded.contains_key(&role) {
+            OTHER_ROLE.to_string()
+        } else {
+            role
+        };
+        self.folded.entry(key).or_default()
     }
 
     /// Mirrors the kernel's watch set: `live` lists every watched process now.
-    pub fn sync_watched(&mut self, live: &[(u32, String)]) {
-        for proc in self.procs.values_mut() {
-            proc.watched = false;
+    /// Processes that left it without an exit event (a drop) fold.
+    pub fn sync_watched(&mut self, live: &[LiveProcess]) {
+        let alive: std::collections::HashSet<u32> = live.iter().map(|p| p.pid).collect();
+        let gone: Vec<u32> = self
+            .procs
+            .keys()
+            .copied()
+            .filter(|pid| !alive.contains(pid))
+            .collect();
+        for pid in gone {
+            self.fold(pid);
         }
-        for (pid, name) in live {
-            let proc = self
-                .procs
-                .entry(*pid)
-                .or_insert_with(|| Process::new(*pid, name.clone()));
+        for l in live {
+            let proc = self.entry(l.pid, &l.name);
             proc.watched = true;
-            proc.name.clone_from(name);
+            proc.name.clone_from(&l.name);
+            if l.title.is_some() {
+                proc.title.clone_from(&l.title);
+            }
+            if proc.parent.is_none() {
+                proc.parent.clone_from(&l.parent);
+            }
+        }
+        // Masters that were already running: they have children of their name.
+        let masters: Vec<u32> = self
+            .procs
+            .values()
+            .filter_map(|p| {
+                p.parent
+                    .as_ref()
+                    .filter(|(_, n)| *n == p.name)
+                    .map(|(pid, _)| *pid)
+            })
+            .collect();
+        for pid in masters {
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.forks_own_name = true;
+            }
         }
     }
 
@@ -88,15 +316,55 @@ impl ProcessTable {
         self.procs.values()
     }
 
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
     pub fn watched_count(&self) -> usize {
         self.procs.values().filter(|p| p.watched).count()
     }
 
-    /// Starts a new interval: the interval histograms empty, the totals stay.
+    /// Live children (processes) of `pid`.
+    pub fn children_alive(&self, pid: u32) -> usize {
+        self.procs
+            .values()
+            .filter(|p| p.parent.as_ref().is_some_and(|(ppid, _)| *ppid == pid))
+            .count()
+    }
+
+    /// Every role with its live pids and its activity: exited members' folded
+    /// totals plus the live members' numbers.
+    pub fn roles(&self) -> BTreeMap<String, (Vec<u32>, Activity)> {
+        let mut out: BTreeMap<String, (Vec<u32>, Activity)> = self
+            .folded
+            .iter()
+            .map(|(role, a)| (role.clone(), (Vec::new(), a.clone())))
+            .collect();
+        for p in self.procs.values() {
+            let (pids, activity) = out.entry(p.role()).or_default();
+            pids.push(p.pid);
+            activity.add(&p.activity);
+        }
+        out
+    }
+
+    /// Starts a new interval: the interval numbers empty, the totals stay.
     pub fn reset_interval(&mut self) {
         for proc in self.procs.values_mut() {
-            proc.accept.interval.reset();
+            proc.activity.reset_interval();
         }
+        for activity in self.folded.values_mut() {
+            activity.reset_interval();
+        }
+    }
+
+    /// Number of roles holding exited processes' totals.
+    pub fn folded_roles(&self) -> usize {
+        self.folded.len()
     }
 }
 
@@ -104,47 +372,205 @@ impl ProcessTable {
 mod tests {
     use super::*;
 
-    fn accept(tgid: u32, ns: u64) -> AcceptSample {
-        AcceptSample {
+    fn accept(tgid: u32, ns: u64) -> Event {
+        Event::Accept(AcceptSample {
             tgid,
             tid: tgid,
             comm: format!("srv{tgid}"),
             conn_fd: 4,
             latency_ns: ns,
+        })
+    }
+
+    fn spawn(parent: u32, child: u32, comm: &str, ts: u64) -> Event {
+        Event::Spawn(SpawnSample {
+            parent_tgid: parent,
+            child,
+            kind: TaskKind::Process,
+            ts_ns: ts,
+            comm: comm.into(),
+        })
+    }
+
+    fn fork(tgid: u32, child: i32, kind: TaskKind, ns: u64) -> Event {
+        Event::Fork(ForkSample {
+            tgid,
+            tid: tgid,
+            comm: "srv".into(),
+            ret: child,
+            kind,
+            latency_ns: ns,
+        })
+    }
+
+    fn exit(tgid: u32, ts: u64) -> Event {
+        Event::Exit(ExitSample { tgid, ts_ns: ts })
+    }
+
+    fn live(pid: u32, name: &str) -> LiveProcess {
+        LiveProcess {
+            pid,
+            name: name.into(),
+            title: None,
+            parent: None,
         }
     }
 
     #[test]
     fn accepts_land_in_their_process() {
         let mut t = ProcessTable::default();
-        t.record_accept(&accept(10, 100));
-        t.record_accept(&accept(10, 300));
-        t.record_accept(&accept(11, 50));
-        assert_eq!(t.get(10).unwrap().accept.total.count(), 2);
-        assert_eq!(t.get(11).unwrap().accept.total.count(), 1);
+        t.apply(&accept(10, 100));
+        t.apply(&accept(10, 300));
+        t.apply(&accept(11, 50));
+        assert_eq!(t.get(10).unwrap().activity.accept.total.count(), 2);
+        assert_eq!(t.get(11).unwrap().activity.accept.total.count(), 1);
         assert_eq!(t.get(10).unwrap().name, "srv10");
     }
 
     #[test]
     fn interval_resets_but_totals_stay() {
         let mut t = ProcessTable::default();
-        t.record_accept(&accept(10, 100));
+        t.apply(&accept(10, 100));
         t.reset_interval();
-        t.record_accept(&accept(10, 200));
-        let p = t.get(10).unwrap();
-        assert_eq!(p.accept.interval.count(), 1);
-        assert_eq!(p.accept.total.count(), 2);
+        t.apply(&accept(10, 200));
+        let a = &t.get(10).unwrap().activity.accept;
+        assert_eq!((a.interval.count(), a.total.count()), (1, 2));
     }
 
     #[test]
-    fn sync_marks_exited_processes_unwatched() {
+    fn forks_are_counted_by_kind_and_children_get_lifetimes() {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[(1, "a".into()), (2, "b".into())]);
-        assert_eq!(t.watched_count(), 2);
-        t.record_accept(&accept(2, 10));
-        t.sync_watched(&[(1, "a".into())]);
-        assert_eq!(t.watched_count(), 1);
-        assert!(!t.get(2).unwrap().watched);
-        assert_eq!(t.get(2).unwrap().accept.total.count(), 1);
+        t.sync_watched(&[live(1, "srv")]);
+        for (i, child) in [100u32, 101, 102].into_iter().enumerate() {
+            let born = 1_000_000 * i as u64;
+            t.apply(&spawn(1, child, "srv", born));
+            t.apply(&fork(1, child as i32, TaskKind::Process, 40_000));
+            t.apply(&exit(child, born + 50_000_000));
+        }
+        t.apply(&Event::Spawn(SpawnSample {
+            parent_tgid: 1,
+            child: 200,
+            kind: TaskKind::Thread,
+            ts_ns: 0,
+            comm: "srv".into(),
+        }));
+        t.apply(&fork(1, 200, TaskKind::Thread, 20_000));
+        t.apply(&fork(1, -11, TaskKind::Process, 1_000));
+        let a = &t.get(1).unwrap().activity;
+        assert_eq!(a.fork.total.count(), 3);
+        assert_eq!(a.thread.total.count(), 1);
+        assert_eq!(a.fork_failed.total, 1);
+        let life = a.child_lifetime.total.summary();
+        assert_eq!(
+            (life.count, life.min_ns, life.max_ns),
+            (3, 50_000_000, 50_000_000)
+        );
+        // Exited children are gone from the table; threads never had an entry.
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.children_alive(1), 0);
+        assert_eq!(t.get(1).unwrap().role(), "srv master");
+    }
+
+    #[test]
+    fn exited_children_fold_into_their_role() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "postgres")]);
+        t.apply(&spawn(1, 50, "postgres", 0));
+        t.apply(&spawn(1, 51, "postgres", 0));
+        t.apply(&fork(50, 60, TaskKind::Process, 7));
+        t.apply(&exit(50, 9_000_000));
+        let roles = t.roles();
+        let (pids, backend) = &roles["postgres backend"];
+        assert_eq!(pids, &[51]);
+        assert_eq!(
+            backend.fork.total.count(),
+            1,
+            "the exited backend's fork stays counted"
+        );
+        assert_eq!(roles["postgres postmaster"].0, [1]);
+        assert_eq!(t.children_alive(1), 1);
+    }
+
+    #[test]
+    fn a_recycled_pid_is_a_new_process() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "srv")]);
+        t.apply(&spawn(1, 77, "srv", 0));
+        t.apply(&accept(77, 5));
+        // Its exit was lost; pid 77 comes back as another child.
+        t.apply(&spawn(1, 77, "srv", 1_000));
+        let p = t.get(77).unwrap();
+        assert_eq!(p.activity.accept.total.count(), 0);
+        assert_eq!(p.born_ns, Some(1_000));
+        assert_eq!(
+            t.roles()["srv worker"].1.accept.total.count(),
+            1,
+            "the old one folded"
+        );
+    }
+
+    #[test]
+    fn memory_stays_bounded_however_many_pids_come_and_go() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "postgres")]);
+        for i in 0..200_000u64 {
+            let pid = 2 + (i % 30_000) as u32;
+            t.apply(&spawn(1, pid, "postgres", i * 1000));
+            t.apply(&fork(1, pid as i32, TaskKind::Process, 30_000));
+            if i % 7 != 0 {
+                t.apply(&exit(pid, i * 1000 + 9_000_000));
+            }
+        }
+        // Only the children whose exit was not seen are still live (a recycled
+        // pid replaces its predecessor), and one role holds all the folded rest.
+        assert!(t.len() <= 30_001, "{}", t.len());
+        assert_eq!(t.folded_roles(), 1);
+        assert_eq!(t.get(1).unwrap().activity.fork.total.count(), 200_000);
+    }
+
+    #[test]
+    fn roles_are_capped() {
+        let mut t = ProcessTable::default();
+        for i in 0..(MAX_ROLES as u32 + 50) {
+            t.sync_watched(&[live(i + 1, &format!("p{i}"))]);
+        }
+        t.sync_watched(&[]);
+        assert!(t.folded_roles() <= MAX_ROLES);
+        assert!(t.roles().contains_key(OTHER_ROLE));
+    }
+
+    #[test]
+    fn sync_folds_processes_that_left_and_finds_running_masters() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[
+            live(1, "nginx"),
+            LiveProcess {
+                pid: 2,
+                name: "nginx".into(),
+                title: Some("nginx: worker process".into()),
+                parent: Some((1, "nginx".into())),
+            },
+        ]);
+        assert_eq!(t.get(1).unwrap().role(), "nginx master");
+        assert_eq!(t.get(2).unwrap().role(), "nginx worker");
+        t.apply(&accept(2, 10));
+        t.sync_watched(&[live(1, "nginx")]);
+        assert!(t.get(2).is_none());
+        assert_eq!(t.roles()["nginx worker"].1.accept.total.count(), 1);
+    }
+
+    #[test]
+    fn children_that_exec_are_counted_for_the_parent() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "srv")]);
+        t.apply(&spawn(1, 9, "srv", 0));
+        t.apply(&Event::Exec(ExecSample {
+            tgid: 9,
+            ts_ns: 5,
+            comm: "true".into(),
+        }));
+        assert_eq!(t.get(1).unwrap().activity.children_exec.total, 1);
+        assert_eq!(t.get(9).unwrap().activity.execs.total, 1);
+        assert_eq!(t.get(9).unwrap().role(), "true");
     }
 }

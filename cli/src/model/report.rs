@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     histogram::{LatencyHistogram, Log2Bucket, Summary},
-    process::ProcessTable,
+    process::{Activity, Counter, Metric, ProcessTable},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -28,31 +28,17 @@ pub struct Drops {
     pub accept_slot_shared: u64,
     /// Processes not watched because their pid lies beyond the watch set.
     pub watch_out_of_range: u64,
+    /// Clones not timed because another watched thread's clone shared their slot.
+    pub fork_slot_shared: u64,
 }
 
 impl Drops {
     pub fn total(&self) -> u64 {
-        self.ringbuf_full + self.accept_slot_shared + self.watch_out_of_range
+        self.ringbuf_full
+            + self.accept_slot_shared
+            + self.watch_out_of_range
+            + self.fork_slot_shared
     }
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Report {
-    #[serde(rename = "type")]
-    pub kind: ReportKind,
-    /// Seconds since stackprobe attached its probes.
-    pub elapsed_s: f64,
-    /// Seconds this report covers.
-    pub period_s: f64,
-    /// Processes in the watch set now.
-    pub watched: usize,
-    /// All drops since the start (see `drops_by_cause`).
-    pub drops: u64,
-    pub drops_by_cause: Drops,
-    pub processes: Vec<ProcessRow>,
-    /// Per-program BPF run-time statistics, with `--probe-cost` only.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub probe_cost: Vec<ProgramCost>,
 }
 
 /// Cumulative cost of one kernel program since it was loaded.
@@ -74,25 +60,137 @@ impl ProgramCost {
 }
 
 #[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    #[serde(rename = "type")]
+    pub kind: ReportKind,
+    /// Seconds since stackprobe attached its probes.
+    pub elapsed_s: f64,
+    /// Seconds this report covers.
+    pub period_s: f64,
+    /// Processes in the watch set now.
+    pub watched: usize,
+    /// All drops since the start (see `drops_by_cause`).
+    pub drops: u64,
+    pub drops_by_cause: Drops,
+    /// Watched processes grouped by role (postmaster, backends, workers…).
+    pub roles: Vec<RoleRow>,
+    /// Live processes that have accepted anything.
+    pub processes: Vec<ProcessRow>,
+    /// Per-program BPF run-time statistics, with `--probe-cost` only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub probe_cost: Vec<ProgramCost>,
+}
+
+/// One latency metric over the period: its distribution (`count` is the
+/// period's samples), rate and all-time total.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MetricRow {
+    #[serde(flatten)]
+    pub latency: Summary,
+    pub rate_per_s: f64,
+    pub total: u64,
+    pub log2_buckets: Vec<Log2Bucket>,
+}
+
+/// A count over the period, and since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CountRow {
+    pub count: u64,
+    pub total: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RoleRow {
+    pub role: String,
+    /// Live processes in the role.
+    pub processes: usize,
+    /// Some of their pids (at most [`PIDS_SHOWN`]).
+    pub pids: Vec<u32>,
+    pub accept: MetricRow,
+    /// Clones that created a process: fork latency as the parent sees it.
+    pub fork: MetricRow,
+    /// Clones that created a thread.
+    pub thread: MetricRow,
+    /// Clones started before the probes attached (kind not seen).
+    pub fork_unknown: CountRow,
+    pub fork_failed: CountRow,
+    /// Processes forked per accepted connection over the period (null
+    /// without accepts).
+    pub forks_per_accept: Option<f64>,
+    /// Children of the role's processes alive now.
+    pub children_alive: usize,
+    /// Lifetime (fork → exit) of the role's children that exited in the period.
+    pub child_lifetime: MetricRow,
+    pub execs: CountRow,
+    pub children_exec: CountRow,
+}
+
+pub const PIDS_SHOWN: usize = 16;
+
+#[derive(Clone, Debug, Serialize)]
 pub struct ProcessRow {
     pub process: String,
     pub pid: u32,
+    pub role: String,
     pub metric: &'static str,
     /// Accepts per second over the period.
     pub rate_per_s: f64,
     /// Accepts since the start.
     pub total: u64,
-    /// The period's distribution; `count` is the period's accepts.
+    /// The period's accept latency distribution; `count` is the period's accepts.
     #[serde(flatten)]
     pub latency: Summary,
     pub log2_buckets: Vec<Log2Bucket>,
+    /// Processes this one forked in the period.
+    pub forks: u64,
+    pub children_alive: usize,
 }
 
 pub const ACCEPT_METRIC: &str = "accept_latency";
 
+struct Period {
+    kind: ReportKind,
+    secs: f64,
+}
+
+impl Period {
+    fn hist<'a>(&self, m: &'a Metric) -> &'a LatencyHistogram {
+        match self.kind {
+            ReportKind::Interval => &m.interval,
+            ReportKind::Summary => &m.total,
+        }
+    }
+
+    fn metric(&self, m: &Metric) -> MetricRow {
+        let hist = self.hist(m);
+        MetricRow {
+            latency: hist.summary(),
+            rate_per_s: self.rate(hist.count()),
+            total: m.total.count(),
+            log2_buckets: hist.log2_buckets(),
+        }
+    }
+
+    fn count(&self, c: &Counter) -> CountRow {
+        CountRow {
+            count: match self.kind {
+                ReportKind::Interval => c.interval,
+                ReportKind::Summary => c.total,
+            },
+            total: c.total,
+        }
+    }
+
+    fn rate(&self, count: u64) -> f64 {
+        if self.secs > 0.0 {
+            count as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+}
+
 impl Report {
-    /// Every process that has accepted anything so far gets a row, so a
-    /// server that went quiet shows 0 rather than vanishing.
     pub fn build(
         kind: ReportKind,
         table: &ProcessTable,
@@ -100,22 +198,39 @@ impl Report {
         elapsed: Duration,
         drops: Drops,
     ) -> Self {
+        let p = Period {
+            kind,
+            secs: period.as_secs_f64(),
+        };
+        let mut roles: Vec<RoleRow> = table
+            .roles()
+            .into_iter()
+            .map(|(role, (pids, activity))| role_row(&p, table, role, &pids, &activity))
+            .collect();
+        roles.sort_by(|a, b| {
+            (b.accept.total + b.fork.total)
+                .cmp(&(a.accept.total + a.fork.total))
+                .then(b.processes.cmp(&a.processes))
+                .then(a.role.cmp(&b.role))
+        });
+        // Every live process that has accepted anything gets a row, so a
+        // server that went quiet shows 0 rather than vanishing.
         let mut processes: Vec<ProcessRow> = table
             .iter()
-            .filter(|p| !p.accept.total.is_empty())
-            .map(|p| {
-                let hist: &LatencyHistogram = match kind {
-                    ReportKind::Interval => &p.accept.interval,
-                    ReportKind::Summary => &p.accept.total,
-                };
+            .filter(|proc| !proc.activity.accept.total.is_empty())
+            .map(|proc| {
+                let accept = p.metric(&proc.activity.accept);
                 ProcessRow {
-                    process: p.name.clone(),
-                    pid: p.pid,
+                    process: proc.name.clone(),
+                    pid: proc.pid,
+                    role: proc.role(),
                     metric: ACCEPT_METRIC,
-                    rate_per_s: rate(hist.count(), period),
-                    total: p.accept.total.count(),
-                    latency: hist.summary(),
-                    log2_buckets: hist.log2_buckets(),
+                    rate_per_s: accept.rate_per_s,
+                    total: accept.total,
+                    latency: accept.latency,
+                    log2_buckets: accept.log2_buckets,
+                    forks: p.hist(&proc.activity.fork).count(),
+                    children_alive: table.children_alive(proc.pid),
                 }
             })
             .collect();
@@ -123,45 +238,83 @@ impl Report {
         Self {
             kind,
             elapsed_s: elapsed.as_secs_f64(),
-            period_s: period.as_secs_f64(),
+            period_s: p.secs,
             watched: table.watched_count(),
             drops: drops.total(),
             drops_by_cause: drops,
+            roles,
             processes,
             probe_cost: Vec::new(),
         }
     }
 }
 
-fn rate(count: u64, period: Duration) -> f64 {
-    let secs = period.as_secs_f64();
-    if secs > 0.0 { count as f64 / secs } else { 0.0 }
+fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Activity) -> RoleRow {
+    let accept = p.metric(&a.accept);
+    let fork = p.metric(&a.fork);
+    let forks_per_accept =
+        (accept.latency.count > 0).then(|| fork.latency.count as f64 / accept.latency.count as f64);
+    RoleRow {
+        role,
+        processes: pids.len(),
+        pids: pids.iter().copied().take(PIDS_SHOWN).collect(),
+        accept,
+        fork,
+        thread: p.metric(&a.thread),
+        fork_unknown: p.count(&a.fork_unknown),
+        fork_failed: p.count(&a.fork_failed),
+        forks_per_accept,
+        children_alive: pids.iter().map(|&pid| table.children_alive(pid)).sum(),
+        child_lifetime: p.metric(&a.child_lifetime),
+        execs: p.count(&a.execs),
+        children_exec: p.count(&a.children_exec),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::process::AcceptSample;
+    use crate::model::{
+        event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
+        process::LiveProcess,
+    };
+
+    fn accept(tgid: u32, comm: &str, ns: u64) -> Event {
+        Event::Accept(AcceptSample {
+            tgid,
+            tid: tgid,
+            comm: comm.into(),
+            conn_fd: 5,
+            latency_ns: ns,
+        })
+    }
 
     fn table() -> ProcessTable {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[(1, "idle".into()), (2, "busy".into()), (3, "quiet".into())]);
+        t.sync_watched(&[
+            LiveProcess {
+                pid: 1,
+                name: "idle".into(),
+                title: None,
+                parent: None,
+            },
+            LiveProcess {
+                pid: 2,
+                name: "busy".into(),
+                title: None,
+                parent: None,
+            },
+            LiveProcess {
+                pid: 3,
+                name: "quiet".into(),
+                title: None,
+                parent: None,
+            },
+        ]);
         for ns in [1000, 2000, 3000, 4000] {
-            t.record_accept(&AcceptSample {
-                tgid: 2,
-                tid: 2,
-                comm: "busy".into(),
-                conn_fd: 5,
-                latency_ns: ns,
-            });
+            t.apply(&accept(2, "busy", ns));
         }
-        t.record_accept(&AcceptSample {
-            tgid: 3,
-            tid: 3,
-            comm: "quiet".into(),
-            conn_fd: 5,
-            latency_ns: 7,
-        });
+        t.apply(&accept(3, "quiet", 7));
         t
     }
 
@@ -169,17 +322,12 @@ mod tests {
     fn interval_rows_rates_and_drops() {
         let mut t = table();
         t.reset_interval();
-        t.record_accept(&AcceptSample {
-            tgid: 2,
-            tid: 2,
-            comm: "busy".into(),
-            conn_fd: 5,
-            latency_ns: 500,
-        });
+        t.apply(&accept(2, "busy", 500));
         let drops = Drops {
             ringbuf_full: 2,
             accept_slot_shared: 1,
             watch_out_of_range: 0,
+            fork_slot_shared: 0,
         };
         let r = Report::build(
             ReportKind::Interval,
@@ -200,6 +348,9 @@ mod tests {
         assert_eq!(r.processes[0].rate_per_s, 2.0);
         assert_eq!(r.processes[0].latency.max_ns, 500);
         assert_eq!(r.processes[1].rate_per_s, 0.0);
+        // Every role is there, the idle one included.
+        let roles: Vec<&str> = r.roles.iter().map(|r| r.role.as_str()).collect();
+        assert_eq!(roles, ["busy", "quiet", "idle"]);
     }
 
     #[test]
@@ -215,9 +366,67 @@ mod tests {
         let busy = &r.processes[0];
         assert_eq!((busy.pid, busy.latency.count, busy.total), (2, 4, 4));
         assert_eq!(busy.rate_per_s, 2.0);
-        assert_eq!(busy.latency.min_ns, 1000);
-        assert_eq!(busy.latency.max_ns, 4000);
-        assert_eq!(busy.latency.mean_ns, 2500);
+        assert_eq!(
+            (
+                busy.latency.min_ns,
+                busy.latency.max_ns,
+                busy.latency.mean_ns
+            ),
+            (1000, 4000, 2500)
+        );
+    }
+
+    #[test]
+    fn a_fork_per_connection_server_shows_one_fork_per_accept() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[LiveProcess {
+            pid: 1,
+            name: "srv".into(),
+            title: None,
+            parent: None,
+        }]);
+        for i in 0..10u32 {
+            let child = 100 + i;
+            t.apply(&accept(1, "srv", 3_000));
+            t.apply(&Event::Spawn(SpawnSample {
+                parent_tgid: 1,
+                child,
+                kind: TaskKind::Process,
+                ts_ns: u64::from(i) * 1_000_000,
+                comm: "srv".into(),
+            }));
+            t.apply(&Event::Fork(ForkSample {
+                tgid: 1,
+                tid: 1,
+                comm: "x".into(),
+                ret: child as i32,
+                kind: TaskKind::Process,
+                latency_ns: 80_000,
+            }));
+            if i < 7 {
+                t.apply(&Event::Exit(ExitSample {
+                    tgid: child,
+                    ts_ns: u64::from(i) * 1_000_000 + 50_000_000,
+                }));
+            }
+        }
+        let r = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        let master = r.roles.iter().find(|r| r.role == "srv master").unwrap();
+        assert_eq!(master.accept.latency.count, 10);
+        assert_eq!(master.fork.latency.count, 10);
+        assert_eq!(master.forks_per_accept, Some(1.0));
+        assert_eq!(master.children_alive, 3);
+        assert_eq!(master.child_lifetime.latency.count, 7);
+        assert_eq!(master.child_lifetime.latency.p50_ns, 50_000_000);
+        let workers = r.roles.iter().find(|r| r.role == "srv worker").unwrap();
+        assert_eq!(workers.processes, 3);
+        assert_eq!(workers.forks_per_accept, None);
     }
 
     #[test]
@@ -237,6 +446,7 @@ mod tests {
         for field in [
             "process",
             "pid",
+            "role",
             "metric",
             "count",
             "rate_per_s",
@@ -249,9 +459,38 @@ mod tests {
             "max_ns",
             "mean_ns",
             "log2_buckets",
+            "forks",
+            "children_alive",
         ] {
             assert!(!p[field].is_null(), "missing {field}");
         }
         assert_eq!(p["metric"], "accept_latency");
+        let role = &v["roles"][0];
+        for field in [
+            "role",
+            "processes",
+            "pids",
+            "accept",
+            "fork",
+            "thread",
+            "fork_unknown",
+            "fork_failed",
+            "children_alive",
+            "child_lifetime",
+            "execs",
+            "children_exec",
+        ] {
+            assert!(!role[field].is_null(), "missing {field}");
+        }
+        for field in [
+            "count",
+            "p50_ns",
+            "p999_ns",
+            "rate_per_s",
+            "total",
+            "log2_buckets",
+        ] {
+            assert!(!role["fork"][field].is_null(), "missing fork.{field}");
+        }
     }
 }

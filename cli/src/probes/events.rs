@@ -8,23 +8,38 @@ use aya::maps::{MapData, RingBuf};
 use probes_common::event::EventKind;
 use tokio::io::unix::AsyncFd;
 
-use super::accept;
-use crate::model::process::AcceptSample;
+use super::{accept, fork, watch};
+use crate::model::event::Event;
 
 /// How often the consumer drains without a wakeup. 1 MiB of ring holds ~18k
 /// accept events, so this keeps up with several hundred thousand events/s.
 pub const DRAIN_PERIOD: std::time::Duration = std::time::Duration::from_millis(50);
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
-    Accept(AcceptSample),
-}
-
 pub fn decode(bytes: &[u8]) -> Option<Event> {
     let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
     match EventKind::from_u32(kind)? {
         EventKind::Accept => accept::decode(bytes).map(Event::Accept),
+        EventKind::Fork => fork::decode(bytes).map(Event::Fork),
+        EventKind::Spawn => watch::decode_spawn(bytes).map(Event::Spawn),
+        EventKind::Exec => watch::decode_exec(bytes).map(Event::Exec),
+        EventKind::Exit => watch::decode_exit(bytes).map(Event::Exit),
     }
+}
+
+/// Reads a plain-old-data record of type `T` from a ring buffer item.
+pub(super) fn read_record<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY: T is plain old data (aya::Pod) and the length was checked; the
+    // ring buffer gives no alignment guarantee beyond 8, hence read_unaligned.
+    Some(unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
+}
+
+/// A NUL-padded comm as a string.
+pub(super) fn comm_to_string(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
 pub struct EventStream {

@@ -13,14 +13,17 @@ use aya::{
     sys::{Stats, enable_stats},
 };
 use probes_common::{
-    TASK_COMM_LEN,
+    MAX_SLOTS, SLOT_MASK_GLOBAL, TASK_COMM_LEN,
     event::EVENTS_MAP,
     stats::{STATS_MAP, Stat},
     watch::WatchReason,
 };
 
-use super::{accept, preflight, tracefs::Tracefs, watch, watch::WatchSet};
-use crate::model::report::{Drops, ProgramCost};
+use super::{accept, fork, preflight, tracefs::Tracefs, watch, watch::WatchSet};
+use crate::{
+    model::report::{Drops, ProgramCost},
+    procfs,
+};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probes"));
 
@@ -52,9 +55,16 @@ impl Probes {
         let btf = preflight::load_btf()?;
         let tracefs = Tracefs::open_or_mount()?;
 
-        let setups = [accept::setup(&tracefs)?, watch::setup(&tracefs)?];
+        let slots = slot_count(procfs::pid_max());
+        let setups = [
+            accept::setup(&tracefs, slots)?,
+            fork::setup(&tracefs, slots)?,
+            watch::setup(&tracefs)?,
+        ];
         let mut loader = EbpfLoader::new();
         loader.btf(Some(&btf));
+        let slot_mask = slots - 1;
+        loader.override_global(SLOT_MASK_GLOBAL, &slot_mask, true);
         for setup in &setups {
             for (name, value) in &setup.globals {
                 loader.override_global(name, value, true);
@@ -74,6 +84,7 @@ impl Probes {
         // Watch-set programs first, so a watched process's children are
         // followed before any accept is timed.
         watch::attach(&mut ebpf, &tracefs)?;
+        fork::attach(&mut ebpf, &tracefs)?;
         accept::attach(&mut ebpf, &tracefs)?;
         Ok(Self {
             watch_set,
@@ -115,6 +126,7 @@ impl Probes {
             ringbuf_full: read(Stat::RingbufFull)?,
             accept_slot_shared: read(Stat::AcceptSlotShared)?,
             watch_out_of_range: read(Stat::WatchOutOfRange)?,
+            fork_slot_shared: read(Stat::ForkSlotShared)?,
         })
     }
 
@@ -149,6 +161,17 @@ impl Probes {
     }
 }
 
+/// Per-thread slots for syscalls in flight: enough for every thread id when
+/// `pid_max` allows (MAX_SLOTS, 2^18); beyond that a shared slot is counted
+/// as a drop.
+pub fn slot_count(pid_max: u32) -> u32 {
+    pid_max
+        .max(2)
+        .checked_next_power_of_two()
+        .unwrap_or(u32::MAX)
+        .min(MAX_SLOTS)
+}
+
 /// Loads `program` and attaches it to each `category/event`, saying which
 /// hook this kernel lacks if one is missing.
 pub(super) fn attach_tracepoints(
@@ -176,4 +199,17 @@ pub(super) fn attach_tracepoints(
             .with_context(|| format!("attaching {program} to {category}/{event}"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_cover_pid_max_up_to_the_cap() {
+        assert_eq!(slot_count(32768), 32768);
+        assert_eq!(slot_count(100_000), 131072);
+        assert_eq!(slot_count(4_194_304), MAX_SLOTS);
+        assert_eq!(slot_count(0), 2);
+    }
 }

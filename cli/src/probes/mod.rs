@@ -4,6 +4,7 @@
 
 pub mod accept;
 pub mod events;
+pub mod fork;
 pub mod loader;
 pub mod preflight;
 pub mod tracefs;

@@ -148,6 +148,28 @@ impl Tracefs {
         }
         Ok(field.offset)
     }
+
+    /// The offset of `name` in each of `events`, which must agree (one
+    /// program reads them all).
+    pub fn same_offset(
+        &self,
+        category: &str,
+        events: &[&str],
+        name: &str,
+        size: u32,
+    ) -> Result<u32> {
+        let offsets = events
+            .iter()
+            .map(|e| self.offset(category, e, name, size))
+            .collect::<Result<Vec<_>>>()?;
+        if offsets.windows(2).any(|w| w[0] != w[1]) {
+            bail!("{events:?} put {name} at different offsets ({offsets:?}) on this kernel");
+        }
+        offsets
+            .first()
+            .copied()
+            .ok_or_else(|| anyhow!("no tracepoints named"))
+    }
 }
 
 impl Drop for Tracefs {

@@ -1,11 +1,13 @@
-//! The plain-text view (`--no-tui`): a header per report, then per process its
-//! accepts, rate, percentile line and bpftrace-style log2 bars.
+//! The plain-text view (`--no-tui`): a header per report, then one block per
+//! role (accepts, forks, threads, children and their lifetimes), then per
+//! accepting process its accepts, rate, percentiles and bpftrace-style log2
+//! bars. Parts with nothing to show are left out.
 
 use std::fmt::Write as _;
 
 use crate::model::{
     histogram::{Log2Bucket, Summary},
-    report::{Report, ReportKind},
+    report::{Report, ReportKind, RoleRow},
 };
 
 const BAR_WIDTH: u64 = 40;
@@ -28,8 +30,12 @@ pub fn render(report: &Report) -> String {
         let d = report.drops_by_cause;
         let _ = write!(
             out,
-            " · DROPS {} (ring buffer full {}, accept slot shared {}, pid beyond watch set {})",
-            report.drops, d.ringbuf_full, d.accept_slot_shared, d.watch_out_of_range
+            " · DROPS {} (ring buffer full {}, accept slot shared {}, pid beyond watch set {}, fork slot shared {})",
+            report.drops,
+            d.ringbuf_full,
+            d.accept_slot_shared,
+            d.watch_out_of_range,
+            d.fork_slot_shared
         );
     } else {
         out.push_str(" · drops 0");
@@ -43,8 +49,13 @@ pub fn render(report: &Report) -> String {
             .collect();
         let _ = writeln!(out, "probe cost: {}", costs.join(", "));
     }
+    for role in &report.roles {
+        out.push_str(&role_block(role));
+    }
     if report.processes.is_empty() {
         out.push_str("no accepts yet\n");
+    } else {
+        out.push_str("per process:\n");
     }
     for p in &report.processes {
         let _ = writeln!(
@@ -55,6 +66,70 @@ pub fn render(report: &Report) -> String {
         if p.latency.count > 0 {
             let _ = writeln!(out, "  accept latency  {}", percentile_line(&p.latency));
             out.push_str(&log2_bars(&p.log2_buckets));
+        }
+    }
+    out
+}
+
+fn role_block(r: &RoleRow) -> String {
+    let mut out = r.role.clone();
+    let plural = if r.processes == 1 { "" } else { "es" };
+    let pids: Vec<String> = r.pids.iter().map(u32::to_string).collect();
+    let more = if r.processes > r.pids.len() {
+        " …"
+    } else {
+        ""
+    };
+    let _ = write!(
+        out,
+        " ({} process{plural}{}{}{more})",
+        r.processes,
+        if pids.is_empty() { "" } else { ": " },
+        pids.join(" ")
+    );
+    if r.accept.total > 0 {
+        let _ = write!(
+            out,
+            "  accepts {} ({:.1}/s)",
+            r.accept.latency.count, r.accept.rate_per_s
+        );
+    }
+    if r.fork.total > 0 {
+        let _ = write!(
+            out,
+            "  forks {} ({:.1}/s",
+            r.fork.latency.count, r.fork.rate_per_s
+        );
+        if let Some(ratio) = r.forks_per_accept {
+            let _ = write!(out, ", {ratio:.2} per accept");
+        }
+        out.push(')');
+    }
+    if r.thread.total > 0 {
+        let _ = write!(out, "  threads {}", r.thread.latency.count);
+    }
+    for (label, c) in [
+        ("failed forks", r.fork_failed),
+        ("forks of unseen kind", r.fork_unknown),
+        ("execs", r.execs),
+        ("children exec'd", r.children_exec),
+    ] {
+        if c.total > 0 {
+            let _ = write!(out, "  {label} {}", c.count);
+        }
+    }
+    if r.fork.total > 0 || r.children_alive > 0 {
+        let _ = write!(out, "  children alive {}", r.children_alive);
+    }
+    out.push('\n');
+    for (label, m) in [
+        ("accept latency", &r.accept),
+        ("fork latency", &r.fork),
+        ("thread latency", &r.thread),
+        ("child lifetime", &r.child_lifetime),
+    ] {
+        if m.latency.count > 0 {
+            let _ = writeln!(out, "  {label:<15} {}", percentile_line(&m.latency));
         }
     }
     out
@@ -121,77 +196,108 @@ pub fn duration(ns: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::model::report::{ACCEPT_METRIC, Drops, ProcessRow};
+    use std::time::Duration;
 
+    use super::*;
+    use crate::model::{
+        event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
+        process::{LiveProcess, ProcessTable},
+        report::Drops,
+    };
+
+    /// A postmaster (pid 42) that accepted 3 connections and forked a backend
+    /// for each; two backends exited after 9 ms.
     fn report(drops: Drops) -> Report {
-        Report {
-            kind: ReportKind::Interval,
-            elapsed_s: 3.0,
-            period_s: 1.0,
-            watched: 2,
-            drops: drops.total(),
-            drops_by_cause: drops,
-            processes: vec![ProcessRow {
-                process: "postgres".into(),
-                pid: 42,
-                metric: ACCEPT_METRIC,
-                rate_per_s: 3.0,
-                total: 10,
-                latency: Summary {
-                    count: 3,
-                    min_ns: 900,
-                    mean_ns: 5_000,
-                    p50_ns: 2_500,
-                    p90_ns: 12_000,
-                    p99_ns: 12_000,
-                    p999_ns: 12_000,
-                    max_ns: 12_000,
-                },
-                log2_buckets: vec![
-                    Log2Bucket {
-                        lo: 512,
-                        hi: 1024,
-                        count: 1,
-                    },
-                    Log2Bucket {
-                        lo: 1024,
-                        hi: 2048,
-                        count: 0,
-                    },
-                    Log2Bucket {
-                        lo: 2048,
-                        hi: 4096,
-                        count: 2,
-                    },
-                ],
-            }],
-            probe_cost: Vec::new(),
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[LiveProcess {
+            pid: 42,
+            name: "postgres".into(),
+            title: None,
+            parent: None,
+        }]);
+        for (i, ns) in [900u64, 2_500, 12_000].into_iter().enumerate() {
+            let child = 100 + i as u32;
+            t.apply(&Event::Accept(AcceptSample {
+                tgid: 42,
+                tid: 42,
+                comm: "postgres".into(),
+                conn_fd: 7,
+                latency_ns: ns,
+            }));
+            t.apply(&Event::Spawn(SpawnSample {
+                parent_tgid: 42,
+                child,
+                kind: TaskKind::Process,
+                ts_ns: 0,
+                comm: "postgres".into(),
+            }));
+            t.apply(&Event::Fork(ForkSample {
+                tgid: 42,
+                tid: 42,
+                comm: "x".into(),
+                ret: child as i32,
+                kind: TaskKind::Process,
+                latency_ns: 100_000,
+            }));
         }
+        for child in [100, 101] {
+            t.apply(&Event::Exit(ExitSample {
+                tgid: child,
+                ts_ns: 9_000_000,
+            }));
+        }
+        Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(3),
+            drops,
+        )
     }
 
     #[test]
-    fn renders_process_line_percentiles_and_bars() {
+    fn renders_roles_then_processes_with_percentiles_and_bars() {
         let text = render(&report(Drops::default()));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
             "=== interval at +3.0s (1.00s) · watching 2 processes · drops 0"
         );
-        assert_eq!(lines[1], "postgres[42]  accepts 3 (3.0/s)  total 10");
+        assert_eq!(
+            lines[1],
+            "postgres postmaster (1 process: 42)  accepts 3 (3.0/s)  forks 3 (3.0/s, 1.00 per accept)  children alive 1"
+        );
         assert_eq!(
             lines[2],
-            "  accept latency  min 900ns  p50 2.5µs  p90 12.0µs  p99 12.0µs  p99.9 12.0µs  max 12.0µs  mean 5.0µs"
+            "  accept latency  min 900ns  p50 2.5µs  p90 12.0µs  p99 12.0µs  p99.9 12.0µs  max 12.0µs  mean 5.1µs"
         );
         assert_eq!(
             lines[3],
-            format!("  [512, 1K)             1 |{:<40}|", "@".repeat(20))
+            "  fork latency    min 100.0µs  p50 100.0µs  p90 100.0µs  p99 100.0µs  p99.9 100.0µs  max 100.0µs  mean 100.0µs"
         );
-        assert_eq!(lines[4], format!("  [1K, 2K)              0 |{:<40}|", ""));
         assert_eq!(
-            lines[5],
-            format!("  [2K, 4K)              2 |{}|", "@".repeat(40))
+            lines[4],
+            "  child lifetime  min 9.00ms  p50 9.00ms  p90 9.00ms  p99 9.00ms  p99.9 9.00ms  max 9.00ms  mean 9.00ms"
         );
+        assert_eq!(lines[5], "postgres backend (1 process: 102)");
+        assert_eq!(lines[6], "per process:");
+        assert_eq!(lines[7], "postgres[42]  accepts 3 (3.0/s)  total 3");
+        assert!(lines[8].starts_with("  accept latency  min 900ns"));
+        assert_eq!(
+            lines[9],
+            format!("  [512, 1K)             1 |{:<40}|", "@".repeat(40))
+        );
+        assert_eq!(lines[10], format!("  [1K, 2K)              0 |{:<40}|", ""));
+        assert_eq!(
+            lines[11],
+            format!("  [2K, 4K)              1 |{}|", "@".repeat(40))
+        );
+        assert_eq!(lines[12], format!("  [4K, 8K)              0 |{:<40}|", ""));
+        assert_eq!(
+            lines[13],
+            format!("  [8K, 16K)             1 |{}|", "@".repeat(40))
+        );
+        assert_eq!(lines.len(), 14);
     }
 
     #[test]
@@ -200,11 +306,10 @@ mod tests {
             ringbuf_full: 5,
             accept_slot_shared: 1,
             watch_out_of_range: 0,
+            fork_slot_shared: 2,
         }));
         assert!(
-            text.contains(
-                "DROPS 6 (ring buffer full 5, accept slot shared 1, pid beyond watch set 0)"
-            ),
+            text.contains("DROPS 8 (ring buffer full 5, accept slot shared 1, pid beyond watch set 0, fork slot shared 2)"),
             "{text}"
         );
     }

@@ -13,6 +13,52 @@ use std::{
     sync::{Mutex, MutexGuard},
 };
 
+use stackprobe::{
+    model::process::ProcessTable,
+    probes::{Options, Probes, events::EventStream},
+};
+
+/// Loaded probes with their events collected into a process table.
+pub struct Session {
+    pub probes: Probes,
+    pub events: EventStream,
+    pub table: ProcessTable,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl Session {
+    pub fn start() -> Self {
+        require_root();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _enter = runtime.enter();
+        let mut probes = Probes::load(Options::default()).expect("loading the probes");
+        let events = EventStream::new(probes.take_events().unwrap()).unwrap();
+        Self {
+            probes,
+            events,
+            table: ProcessTable::default(),
+            _runtime: runtime,
+        }
+    }
+
+    /// Moves every event waiting in the ring buffer into the table. The
+    /// clients have read each server's byte, so every accept has returned
+    /// and its event is already in the ring.
+    pub fn collect(&mut self) -> usize {
+        let table = &mut self.table;
+        self.events.drain(|e| table.apply(&e))
+    }
+
+    pub fn accepts(&self, pid: u32) -> u64 {
+        self.table
+            .get(pid)
+            .map_or(0, |p| p.activity.accept.total.count())
+    }
+}
+
 pub const LOOPBACK: &str = env!("CARGO_BIN_EXE_stackprobe-loopback");
 pub const STACKPROBE: &str = env!("CARGO_BIN_EXE_stackprobe");
 
@@ -102,7 +148,7 @@ impl Server {
         server
     }
 
-    fn line(&mut self) -> String {
+    pub fn line(&mut self) -> String {
         self.lines
             .next()
             .expect("stackprobe-loopback ended early")
@@ -142,6 +188,12 @@ impl Server {
         self.wait_accepted(n);
     }
 
+    /// Sends `command` and waits for its one-line reply.
+    pub fn run(&mut self, command: &str, reply: &str) {
+        self.send(command);
+        assert_eq!(self.line(), reply, "reply to {command:?}");
+    }
+
     /// Forks; the child takes over the commands. Returns the child's pid.
     pub fn fork(&mut self) -> u32 {
         self.send("fork");
@@ -175,7 +227,11 @@ pub fn tcp_connect_and_read(addr: &str) {
 }
 
 /// Names of stackprobe's kernel programs (as the kernel truncates them).
-pub const PROGRAM_NAMES: [&str; 5] = [
+pub const PROGRAM_NAMES: [&str; 9] = [
+    "clone_enter",
+    "clone3_enter",
+    "fork_enter",
+    "clone_exit",
     "accept_enter",
     "accept_exit",
     "watch_fork",

@@ -1,0 +1,79 @@
+//! What the probes report, in the model's terms: one type per kind of ring
+//! buffer record (decoded in `probes`).
+
+/// A successful accept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcceptSample {
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub conn_fd: i32,
+    pub latency_ns: u64,
+}
+
+/// What a clone created, from its flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    Process,
+    Thread,
+    /// The clone started before the probes attached, so its flags were not seen.
+    Unknown,
+}
+
+impl TaskKind {
+    pub fn from_flags(flags: Option<u64>) -> Self {
+        const CLONE_THREAD: u64 = 0x0001_0000;
+        match flags {
+            Some(f) if f & CLONE_THREAD != 0 => Self::Thread,
+            Some(_) => Self::Process,
+            None => Self::Unknown,
+        }
+    }
+}
+
+/// A clone/clone3/fork/vfork call returned in a watched process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForkSample {
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// The new task's id, or a negative errno when the call failed.
+    pub ret: i32,
+    pub kind: TaskKind,
+    pub latency_ns: u64,
+}
+
+/// A watched process created a task (before the task first ran).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpawnSample {
+    pub parent_tgid: u32,
+    pub child: u32,
+    pub kind: TaskKind,
+    pub ts_ns: u64,
+    /// The parent's comm, which the child starts with.
+    pub comm: String,
+}
+
+/// A watched process exec'd `comm`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecSample {
+    pub tgid: u32,
+    pub ts_ns: u64,
+    pub comm: String,
+}
+
+/// A watched process's main thread exited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExitSample {
+    pub tgid: u32,
+    pub ts_ns: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Accept(AcceptSample),
+    Fork(ForkSample),
+    Spawn(SpawnSample),
+    Exec(ExecSample),
+    Exit(ExitSample),
+}

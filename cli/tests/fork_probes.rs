@@ -1,0 +1,136 @@
+//! Root only: loads the real probes, has loopback servers fork, spawn threads
+//! and exec, and checks what the probes saw, fork by fork.
+
+mod support;
+
+use std::{io::Read, net::TcpStream, time::Duration};
+
+use stackprobe::model::report::{Report, ReportKind};
+use support::*;
+
+fn report(s: &Session) -> Report {
+    Report::build(
+        ReportKind::Summary,
+        &s.table,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        s.probes.drops().unwrap(),
+    )
+}
+
+#[test]
+fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_long_as_told() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+
+    let n = 20;
+    server.send(&format!("serve-fork {n} tcp 50"));
+    for _ in 0..n {
+        let mut c = TcpStream::connect(&server.tcp).unwrap();
+        let mut byte = [0u8; 1];
+        c.read_exact(&mut byte).unwrap();
+    }
+    // Replies once every child has exited and been reaped.
+    assert_eq!(server.line(), format!("served {n}"));
+    s.collect();
+
+    let a = &s.table.get(server.pid).unwrap().activity;
+    assert_eq!(a.accept.total.count(), n);
+    assert_eq!(a.fork.total.count(), n, "one process fork per connection");
+    assert_eq!(a.thread.total.count(), 0);
+    assert_eq!(a.fork_unknown.total + a.fork_failed.total, 0);
+    let life = a.child_lifetime.total.summary();
+    assert_eq!(life.count, n, "every child's exit was seen");
+    assert!(
+        life.min_ns >= 50_000_000,
+        "a child lived {}ns, less than its 50ms sleep",
+        life.min_ns
+    );
+    assert!(
+        life.p50_ns.abs_diff(50_000_000) < 5_000_000,
+        "p50 lifetime {}ns is not within 5ms of 50ms",
+        life.p50_ns
+    );
+    let fork = a.fork.total.summary();
+    assert!(fork.min_ns > 0 && fork.max_ns < 1_000_000_000, "{fork:?}");
+    // The children exited: none is left in the table, all folded into a role.
+    assert_eq!(s.table.children_alive(server.pid), 0);
+
+    let r = report(&s);
+    let master = r
+        .roles
+        .iter()
+        .find(|r| r.role == "stackprobe-loop master")
+        .expect("the server is a master");
+    assert_eq!(master.forks_per_accept, Some(1.0));
+    assert_eq!(master.fork.latency.count, n);
+    assert_eq!(master.child_lifetime.latency.count, n);
+    assert_eq!(r.drops, 0);
+    server.stop();
+}
+
+#[test]
+fn threads_are_counted_as_threads_not_processes() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+
+    server.run("threads 6", "threads 6");
+    s.collect();
+
+    let a = &s.table.get(server.pid).unwrap().activity;
+    assert_eq!(a.thread.total.count(), 6);
+    assert_eq!(a.fork.total.count(), 0);
+    assert_eq!(s.table.children_alive(server.pid), 0);
+    assert_eq!(s.table.len(), 1, "threads get no process entry");
+    server.stop();
+}
+
+#[test]
+fn a_server_that_does_not_fork_shows_no_forks() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+
+    server.accept_queued(5, false, "accept4");
+    s.collect();
+
+    let r = report(&s);
+    let row = r
+        .roles
+        .iter()
+        .find(|r| r.pids.contains(&server.pid))
+        .unwrap();
+    assert_eq!(row.accept.latency.count, 5);
+    assert_eq!(row.fork.latency.count, 0);
+    assert_eq!(row.forks_per_accept, Some(0.0));
+    server.stop();
+}
+
+#[test]
+fn children_that_exec_are_counted() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+
+    server.run("spawn-exec 3", "execs 3");
+    s.collect();
+
+    let a = &s.table.get(server.pid).unwrap().activity;
+    assert_eq!(a.fork.total.count(), 3);
+    assert_eq!(a.children_exec.total, 3);
+    assert_eq!(a.child_lifetime.total.count(), 3);
+    let r = report(&s);
+    let children = r
+        .roles
+        .iter()
+        .find(|r| r.role == "true")
+        .expect("the exec'd children's role");
+    assert_eq!(children.execs.total, 3);
+    server.stop();
+}

@@ -1,0 +1,70 @@
+//! clone/clone3/fork/vfork latency as the parent sees it: the syscall's enter
+//! and exit are paired per thread, and each call that created a task becomes
+//! one [`ForkEvent`].
+
+use crate::TASK_COMM_LEN;
+
+/// Array of [`ForkStart`] slots (see [`crate::DEFAULT_SLOTS`]).
+pub const FORK_START_MAP: &str = "FORK_START";
+
+/// `clone_flags` in `sys_enter_clone`.
+pub const CLONE_FLAGS_OFFSET_GLOBAL: &str = "CLONE_FLAGS_OFFSET";
+/// `uargs` (a user pointer to `struct clone_args`, flags first) in `sys_enter_clone3`.
+pub const CLONE3_UARGS_OFFSET_GLOBAL: &str = "CLONE3_UARGS_OFFSET";
+/// `ret` in the four `sys_exit_*` records.
+pub const EXIT_RET_OFFSET_GLOBAL: &str = "FORK_EXIT_RET_OFFSET";
+
+pub const ENTER_CLONE_PROGRAM: &str = "clone_enter";
+pub const ENTER_CLONE3_PROGRAM: &str = "clone3_enter";
+/// fork(2) and vfork(2): no arguments, always a new process.
+pub const ENTER_FORK_PROGRAM: &str = "fork_enter";
+pub const EXIT_PROGRAM: &str = "clone_exit";
+pub const ENTER_FORK_TRACEPOINTS: [&str; 2] = ["sys_enter_fork", "sys_enter_vfork"];
+pub const EXIT_TRACEPOINTS: [&str; 4] = [
+    "sys_exit_clone",
+    "sys_exit_clone3",
+    "sys_exit_fork",
+    "sys_exit_vfork",
+];
+
+/// The new task shares the caller's thread group: a thread, not a process.
+pub const CLONE_THREAD: u64 = 0x0001_0000;
+/// fork(2) is clone with just the exit signal set.
+pub const FORK_FLAGS: u64 = 17; // SIGCHLD
+/// vfork(2): CLONE_VFORK | CLONE_VM | SIGCHLD.
+pub const VFORK_FLAGS: u64 = 0x4000 | 0x100 | 17;
+
+/// A clone in flight: `start_ns` is 0 when the slot is free.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ForkStart {
+    pub start_ns: u64,
+    pub flags: u64,
+    pub tid: u32,
+    /// 1 when `flags` was read (clone3's are in user memory, which can fail).
+    pub flags_known: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ForkEvent {
+    /// Always [`crate::event::EventKind::Fork`].
+    pub kind: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The child's pid as the parent sees it (the syscall's return value), or
+    /// a negative errno.
+    pub ret: i32,
+    pub flags: u64,
+    pub flags_known: u32,
+    pub _pad: u32,
+    /// Time inside the syscall (for vfork, until the child execs or exits).
+    pub latency_ns: u64,
+    pub comm: [u8; TASK_COMM_LEN],
+}
+
+#[cfg(feature = "user")]
+mod user {
+    unsafe impl aya::Pod for super::ForkStart {}
+    unsafe impl aya::Pod for super::ForkEvent {}
+}

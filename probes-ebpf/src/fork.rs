@@ -1,0 +1,131 @@
+//! clone/clone3/fork/vfork latency as the parent sees it. Enter programs (one
+//! per argument layout) record the start and the clone flags in the thread's
+//! slot; one exit program for all four syscalls emits the sample. The flags
+//! also tell `sched_process_fork` (watch.rs) whether the new task is a thread.
+
+use aya_ebpf::{
+    Global,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+    },
+    macros::{map, tracepoint},
+    maps::Array,
+    programs::TracePointContext,
+};
+use probes_common::{
+    DEFAULT_SLOTS,
+    event::EventKind,
+    fork::{FORK_FLAGS, ForkEvent, ForkStart},
+    stats::Stat,
+};
+
+use crate::{events, slots, watch::is_watched};
+
+#[map]
+static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
+#[unsafe(no_mangle)]
+static CLONE_FLAGS_OFFSET: Global<u32> = Global::new(16);
+#[unsafe(no_mangle)]
+static CLONE3_UARGS_OFFSET: Global<u32> = Global::new(16);
+#[unsafe(no_mangle)]
+static FORK_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
+
+/// Records the start of a clone by a watched process, with its flags if they
+/// can be read (only read once the process is known to be watched).
+#[inline(always)]
+fn start(read_flags: impl FnOnce() -> Option<u64>) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !is_watched((pid_tgid >> 32) as u32) {
+        return;
+    }
+    let flags = read_flags();
+    let tid = pid_tgid as u32;
+    let Some(slot) = slots::slot(&FORK_START, tid) else {
+        return;
+    };
+    if slot.start_ns != 0 && slot.tid != tid {
+        events::count(Stat::ForkSlotShared);
+    }
+    slot.tid = tid;
+    slot.flags = flags.unwrap_or(0);
+    slot.flags_known = flags.is_some() as u32;
+    slot.start_ns = unsafe { bpf_ktime_get_ns() };
+}
+
+#[tracepoint]
+pub fn clone_enter(ctx: TracePointContext) -> u32 {
+    start(|| unsafe { ctx.read_at::<u64>(CLONE_FLAGS_OFFSET.load() as usize) }.ok());
+    0
+}
+
+#[tracepoint]
+pub fn clone3_enter(ctx: TracePointContext) -> u32 {
+    // struct clone_args starts with its u64 flags.
+    start(|| {
+        let uargs =
+            unsafe { ctx.read_at::<*const u64>(CLONE3_UARGS_OFFSET.load() as usize) }.ok()?;
+        unsafe { bpf_probe_read_user(uargs) }.ok()
+    });
+    0
+}
+
+#[tracepoint]
+pub fn fork_enter(_ctx: TracePointContext) -> u32 {
+    // vfork's extra flags do not matter here: both create a process.
+    start(|| Some(FORK_FLAGS));
+    0
+}
+
+/// The clone flags of `tid`'s clone in flight, if it is in one.
+#[inline(always)]
+pub fn flags_in_flight(tid: u32) -> Option<u64> {
+    let slot = slots::slot(&FORK_START, tid)?;
+    (slot.start_ns != 0 && slot.tid == tid && slot.flags_known != 0).then_some(slot.flags)
+}
+
+#[tracepoint]
+pub fn clone_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    // The child also returns from clone (ret 0) with a fresh tid, which never
+    // owns a slot: only the parent gets past this check.
+    let Some(slot) = slots::slot(&FORK_START, tid) else {
+        return 0;
+    };
+    if slot.start_ns == 0 || slot.tid != tid {
+        return 0;
+    }
+    let start_ns = slot.start_ns;
+    let (flags, flags_known) = (slot.flags, slot.flags_known);
+    slot.start_ns = 0;
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Ok(ret) = (unsafe { ctx.read_at::<i64>(FORK_EXIT_RET_OFFSET.load() as usize) }) else {
+        return 0;
+    };
+    let Some(mut entry) = events::reserve::<ForkEvent>() else {
+        return 0;
+    };
+    entry.write(ForkEvent {
+        kind: EventKind::Fork as u32,
+        tgid: (pid_tgid >> 32) as u32,
+        tid,
+        ret: ret as i32,
+        flags,
+        flags_known,
+        _pad: 0,
+        latency_ns: now.saturating_sub(start_ns),
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    });
+    events::submit(entry);
+    0
+}
+
+/// Called when a thread exits, so a clone interrupted by exit frees its slot.
+pub fn forget_thread(tid: u32) {
+    if let Some(slot) = slots::slot(&FORK_START, tid)
+        && slot.tid == tid
+    {
+        slot.start_ns = 0;
+    }
+}
