@@ -271,3 +271,54 @@ fn bad_input_and_missing_privileges_get_a_message_and_a_non_zero_exit() {
     assert_fails(&out, 1, "needs root (missing CAP_BPF and CAP_PERFMON)");
     assert!(loaded_stackprobe_programs().is_empty());
 }
+
+#[test]
+fn a_fork_per_connection_server_shows_as_master_with_one_fork_per_accept() {
+    let _lock = probe_lock();
+    require_root();
+    let mut server = Server::start(None);
+    let pid = server.pid;
+    let mut sp = Running::start(&[
+        "watch",
+        "--pid",
+        &pid.to_string(),
+        "--json",
+        "--interval",
+        "300ms",
+    ]);
+    sp.wait_stderr("probes attached");
+    server.send("serve-fork 10 tcp 20");
+    for _ in 0..10 {
+        tcp_connect_and_read(&server.tcp);
+    }
+    assert_eq!(server.line(), "served 10");
+    thread::sleep(Duration::from_millis(400));
+    sp.signal(libc::SIGINT);
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+
+    let summary = json_lines(&stdout).pop().unwrap();
+    let roles = summary["roles"].as_array().unwrap();
+    let master = roles
+        .iter()
+        .find(|r| r["role"] == "stackprobe-loop master")
+        .unwrap_or_else(|| panic!("no master role in {summary}"));
+    assert_eq!(master["pids"], serde_json::json!([pid]));
+    assert_eq!(master["accept"]["count"], 10);
+    assert_eq!(master["fork"]["count"], 10);
+    assert_eq!(master["forks_per_accept"], 1.0);
+    assert_eq!(master["thread"]["count"], 0);
+    assert_eq!(master["children_alive"], 0);
+    assert_eq!(master["child_lifetime"]["count"], 10);
+    assert!(master["child_lifetime"]["min_ns"].as_u64().unwrap() >= 20_000_000);
+    let workers = roles
+        .iter()
+        .find(|r| r["role"] == "stackprobe-loop worker")
+        .unwrap_or_else(|| panic!("no worker role in {summary}"));
+    assert_eq!(workers["processes"], 0, "every worker exited");
+    let row = row(&summary, pid).unwrap();
+    assert_eq!(row["forks"], 10);
+    assert_eq!(row["role"], "stackprobe-loop master");
+    assert_eq!(summary["drops"], 0);
+    server.stop();
+}
