@@ -57,7 +57,7 @@ async fn watch(args: WatchArgs) -> Result<()> {
         probes.watch_pid(pid)?;
     }
     let mut table = ProcessTable::default();
-    let live = refresh_watch_set(&selector, &mut probes)?;
+    let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
     let mut events = EventStream::new(probes.take_events()?).context("polling the ring buffer")?;
 
@@ -106,7 +106,7 @@ async fn watch(args: WatchArgs) -> Result<()> {
             }
             _ = report_tick.tick() => {
                 events.drain(|e| apply(&mut table, e));
-                let live = refresh_watch_set(&selector, &mut probes)?;
+                let live = refresh_watch_set(&selector, &mut probes, &table)?;
                 table.sync_watched(&live);
                 if waiting && !live.is_empty() {
                     waiting = false;
@@ -124,7 +124,7 @@ async fn watch(args: WatchArgs) -> Result<()> {
     }
 
     events.drain(|e| apply(&mut table, e));
-    let live = refresh_watch_set(&selector, &mut probes)?;
+    let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
     let elapsed = start.elapsed();
     let summary = build_report(
@@ -184,8 +184,13 @@ fn emit(out: &mut impl Write, report: &Report, json: bool) -> Result<bool> {
 
 /// Adds to the kernel's watch set every running process selected by name and
 /// every child of a watched process (those forked before the fork probe was
-/// attached); returns the watched processes now alive.
-fn refresh_watch_set(selector: &Selector, probes: &mut Probes) -> Result<Vec<LiveProcess>> {
+/// attached); returns the watched processes now alive. Titles are read only
+/// for processes `table` has none for: they are set once, after fork or exec.
+fn refresh_watch_set(
+    selector: &Selector,
+    probes: &mut Probes,
+    table: &ProcessTable,
+) -> Result<Vec<LiveProcess>> {
     let procs = procfs::processes();
     let mut watched: HashSet<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
     for p in &procs {
@@ -214,7 +219,10 @@ fn refresh_watch_set(selector: &Selector, probes: &mut Probes) -> Result<Vec<Liv
         .map(|p| LiveProcess {
             pid: p.pid,
             name: p.comm.clone(),
-            title: procfs::cmdline(p.pid),
+            title: match table.get(p.pid) {
+                Some(known) if known.title.is_some() => None,
+                _ => procfs::cmdline(p.pid),
+            },
             parent: names.get(&p.ppid).map(|name| (p.ppid, name.to_string())),
         })
         .collect())

@@ -78,6 +78,8 @@ pub struct Activity {
     pub execs: Counter,
     /// Children of this process that exec'd.
     pub children_exec: Counter,
+    /// Processes that exited (counted on roles, as their members fold in).
+    pub exited: Counter,
 }
 
 impl Activity {
@@ -90,6 +92,7 @@ impl Activity {
         self.child_lifetime.add(&other.child_lifetime);
         self.execs.add(&other.execs);
         self.children_exec.add(&other.children_exec);
+        self.exited.add(&other.exited);
     }
 
     fn reset_interval(&mut self) {
@@ -102,6 +105,7 @@ impl Activity {
             &mut self.fork_failed,
             &mut self.execs,
             &mut self.children_exec,
+            &mut self.exited,
         ] {
             c.interval = 0;
         }
@@ -253,7 +257,9 @@ impl ProcessTable {
     fn fold(&mut self, pid: u32) {
         if let Some(proc) = self.procs.remove(&pid) {
             let role = proc.role();
-            self.folded_role(role).add(&proc.activity);
+            let folded = self.folded_role(role);
+            folded.add(&proc.activity);
+            folded.exited.bump();
         }
     }
 
@@ -488,6 +494,7 @@ mod tests {
             "the exited backend's fork stays counted"
         );
         assert_eq!(roles["postgres postmaster"].0, [1]);
+        assert_eq!(backend.exited.total, 1);
         assert_eq!(t.children_alive(1), 1);
     }
 

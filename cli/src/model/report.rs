@@ -123,6 +123,8 @@ pub struct RoleRow {
     pub child_lifetime: MetricRow,
     pub execs: CountRow,
     pub children_exec: CountRow,
+    /// Processes of this role that exited.
+    pub exited: CountRow,
 }
 
 pub const PIDS_SHOWN: usize = 16;
@@ -268,6 +270,7 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
         child_lifetime: p.metric(&a.child_lifetime),
         execs: p.count(&a.execs),
         children_exec: p.count(&a.children_exec),
+        exited: p.count(&a.exited),
     }
 }
 
@@ -426,6 +429,7 @@ mod tests {
         assert_eq!(master.child_lifetime.latency.p50_ns, 50_000_000);
         let workers = r.roles.iter().find(|r| r.role == "srv worker").unwrap();
         assert_eq!(workers.processes, 3);
+        assert_eq!(workers.exited, CountRow { count: 7, total: 7 });
         assert_eq!(workers.forks_per_accept, None);
     }
 
@@ -479,6 +483,7 @@ mod tests {
             "child_lifetime",
             "execs",
             "children_exec",
+            "exited",
         ] {
             assert!(!role[field].is_null(), "missing {field}");
         }

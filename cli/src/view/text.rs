@@ -82,11 +82,15 @@ fn role_block(r: &RoleRow) -> String {
     };
     let _ = write!(
         out,
-        " ({} process{plural}{}{}{more})",
+        " ({} process{plural}{}{}{more}",
         r.processes,
         if pids.is_empty() { "" } else { ": " },
         pids.join(" ")
     );
+    if r.exited.total > 0 {
+        let _ = write!(out, ", {} exited", r.exited.count);
+    }
+    out.push(')');
     if r.accept.total > 0 {
         let _ = write!(
             out,
@@ -279,7 +283,7 @@ mod tests {
             lines[4],
             "  child lifetime  min 9.00ms  p50 9.00ms  p90 9.00ms  p99 9.00ms  p99.9 9.00ms  max 9.00ms  mean 9.00ms"
         );
-        assert_eq!(lines[5], "postgres backend (1 process: 102)");
+        assert_eq!(lines[5], "postgres backend (1 process: 102, 2 exited)");
         assert_eq!(lines[6], "per process:");
         assert_eq!(lines[7], "postgres[42]  accepts 3 (3.0/s)  total 3");
         assert!(lines[8].starts_with("  accept latency  min 900ns"));
