@@ -83,6 +83,22 @@ pub struct Activity {
 }
 
 impl Activity {
+    /// Nothing recorded since the start.
+    pub fn is_empty(&self) -> bool {
+        [&self.accept, &self.fork, &self.thread, &self.child_lifetime]
+            .iter()
+            .all(|m| m.total.is_empty())
+            && [
+                self.fork_unknown,
+                self.fork_failed,
+                self.execs,
+                self.children_exec,
+                self.exited,
+            ]
+            .iter()
+            .all(|c| c.total == 0)
+    }
+
     pub fn add(&mut self, other: &Activity) {
         self.accept.add(&other.accept);
         self.fork.add(&other.fork);
@@ -126,6 +142,8 @@ pub struct Process {
     pub forks_own_name: bool,
     /// In the kernel's watch set as of the last sync.
     pub watched: bool,
+    /// Consecutive syncs that did not find it in /proc.
+    missed_syncs: u8,
     pub activity: Activity,
 }
 
@@ -139,6 +157,7 @@ impl Process {
             born_ns: None,
             forks_own_name: false,
             watched: true,
+            missed_syncs: 0,
             activity: Activity::default(),
         }
     }
@@ -212,13 +231,17 @@ impl ProcessTable {
         let parent = self.entry(s.parent_tgid, &s.comm);
         let parent_name = parent.name.clone();
         parent.forks_own_name |= parent_name == s.comm;
-        // A live entry under the child's pid is a process whose exit we never
-        // saw: the pid was recycled, so the old one is gone.
-        self.fold(s.child);
-        let mut child = Process::new(s.child, s.comm.clone());
+        match self.procs.get(&s.child) {
+            // /proc showed the child before its spawn event was drained:
+            // the same process.
+            Some(p) if p.born_ns.is_none() && p.activity.is_empty() => {}
+            // A process whose exit was never seen: its pid was recycled.
+            Some(_) => self.fold(s.child),
+            None => {}
+        }
+        let child = self.entry(s.child, &s.comm);
         child.parent = Some((s.parent_tgid, parent_name));
         child.born_ns = Some(s.ts_ns);
-        self.procs.insert(s.child, child);
     }
 
     fn record_exec(&mut self, s: &ExecSample) {
@@ -273,15 +296,23 @@ impl ProcessTable {
     }
 
     /// Mirrors the kernel's watch set: `live` lists every watched process now.
-    /// Processes that left it without an exit event (a drop) fold.
+    /// A process missing from two syncs in a row left without an exit event
+    /// (a drop) and folds; one miss is not enough, since a process spawned
+    /// after the /proc scan reaches the table through its event first.
     pub fn sync_watched(&mut self, live: &[LiveProcess]) {
         let alive: std::collections::HashSet<u32> = live.iter().map(|p| p.pid).collect();
-        let gone: Vec<u32> = self
-            .procs
-            .keys()
-            .copied()
-            .filter(|pid| !alive.contains(pid))
-            .collect();
+        let mut gone = Vec::new();
+        for proc in self.procs.values_mut() {
+            if alive.contains(&proc.pid) {
+                proc.missed_syncs = 0;
+            } else {
+                proc.missed_syncs += 1;
+                proc.watched = false;
+                if proc.missed_syncs >= 2 {
+                    gone.push(proc.pid);
+                }
+            }
+        }
         for pid in gone {
             self.fold(pid);
         }
@@ -542,6 +573,7 @@ mod tests {
             t.sync_watched(&[live(i + 1, &format!("p{i}"))]);
         }
         t.sync_watched(&[]);
+        t.sync_watched(&[]);
         assert!(t.folded_roles() <= MAX_ROLES);
         assert!(t.roles().contains_key(OTHER_ROLE));
     }
@@ -561,9 +593,57 @@ mod tests {
         assert_eq!(t.get(1).unwrap().role(), "nginx master");
         assert_eq!(t.get(2).unwrap().role(), "nginx worker");
         t.apply(&accept(2, 10));
+        // Gone from /proc without an exit event: one miss is not enough…
+        t.sync_watched(&[live(1, "nginx")]);
+        assert!(!t.get(2).unwrap().watched);
+        // …two are.
         t.sync_watched(&[live(1, "nginx")]);
         assert!(t.get(2).is_none());
-        assert_eq!(t.roles()["nginx worker"].1.accept.total.count(), 1);
+        let worker = &t.roles()["nginx worker"].1;
+        assert_eq!(worker.accept.total.count(), 1);
+        assert_eq!(worker.exited.total, 1);
+    }
+
+    #[test]
+    fn a_child_seen_in_proc_before_its_spawn_event_is_one_process() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[
+            live(1, "srv"),
+            LiveProcess {
+                pid: 5,
+                name: "srv".into(),
+                title: None,
+                parent: Some((1, "srv".into())),
+            },
+        ]);
+        t.apply(&spawn(1, 5, "srv", 1_000));
+        t.apply(&exit(5, 51_000));
+        assert_eq!(t.get(1).unwrap().activity.child_lifetime.total.count(), 1);
+        assert_eq!(
+            t.roles()["srv worker"].1.exited.total,
+            1,
+            "folded once, not twice"
+        );
+    }
+
+    #[test]
+    fn a_child_spawned_after_the_proc_scan_survives_one_sync() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "srv")]);
+        t.apply(&spawn(1, 6, "srv", 1_000));
+        // The scan ran before the spawn: 6 is not listed yet.
+        t.sync_watched(&[live(1, "srv")]);
+        t.apply(&exit(6, 2_001_000));
+        assert_eq!(
+            t.get(1)
+                .unwrap()
+                .activity
+                .child_lifetime
+                .total
+                .summary()
+                .max_ns,
+            2_000_000
+        );
     }
 
     #[test]
