@@ -1,11 +1,11 @@
-//! `cargo xtask bench accept`: what the accept probes cost, measured against
+//! `cargo xtask bench accept|fork`: what the probes cost, measured against
 //! bpftrace's equivalent one-liner in the same run (these machines are noisy:
 //! compare the ratio, not absolute numbers across runs).
 //!
-//! Each round makes N loopback accepts three times: with no probes, under
-//! `stackprobe watch --probe-cost`, and under bpftrace with the kernel's BPF
-//! run-time statistics on (restored afterwards). It reports ns per program
-//! run, accepts/s and stackprobe's drops.
+//! Each round runs a known loopback workload three times: with no probes,
+//! under `stackprobe watch --probe-cost`, and under bpftrace with the kernel's
+//! BPF run-time statistics on (restored afterwards). It reports ns per program
+//! run and operations/s, and fails if stackprobe miscounted or dropped.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -19,17 +19,69 @@ use serde_json::Value;
 
 use crate::{setup, tasks};
 
-const BPFTRACE_ACCEPT: &str = "tracepoint:syscalls:sys_enter_accept4 /pid == PID/ { @start[tid] = nsecs; }
-tracepoint:syscalls:sys_exit_accept4 /@start[tid]/ { if (args->ret >= 0) { @ns = hist(nsecs - @start[tid]); } delete(@start[tid]); }";
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Cost {
-    enter_ns: f64,
-    exit_ns: f64,
-    accepts_per_s: f64,
+/// A loopback workload, the programs it exercises and bpftrace's equivalent.
+pub struct Workload {
+    name: &'static str,
+    /// The server command for `n` operations, and its reply.
+    command: fn(u64) -> (String, String),
+    /// stackprobe's programs to report; the first two are comparable with
+    /// bpftrace's enter and exit programs.
+    programs: &'static [&'static str],
+    bpftrace: &'static str,
+    /// Prefixes of bpftrace's program names (the kernel cuts them to 15 bytes).
+    bpftrace_programs: [&'static str; 2],
+    /// Checks that stackprobe's summary counted all `n` operations of `pid`.
+    check: fn(&Value, u32, u64) -> Result<()>,
 }
 
-pub fn accept(accepts: u64, rounds: u32) -> Result<()> {
+pub const ACCEPT: Workload = Workload {
+    name: "accept",
+    command: |n| (format!("accept {n} tcp accept4"), format!("accepted {n}")),
+    programs: &["accept_enter", "accept_exit"],
+    bpftrace: "tracepoint:syscalls:sys_enter_accept4 /pid == PID/ { @start[tid] = nsecs; }
+tracepoint:syscalls:sys_exit_accept4 /@start[tid]/ { if (args->ret >= 0) { @ns = hist(nsecs - @start[tid]); } delete(@start[tid]); }",
+    bpftrace_programs: ["sys_enter_accep", "sys_exit_accept"],
+    check: |summary, pid, n| {
+        let row = summary["processes"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["pid"] == pid))
+            .context("the server is missing from stackprobe's summary")?;
+        ensure!(row["count"] == n, "stackprobe counted {} accepts, expected {n}", row["count"]);
+        Ok(())
+    },
+};
+
+/// A fork-per-connection server whose children exit at once.
+pub const FORK: Workload = Workload {
+    name: "fork",
+    command: |n| (format!("serve-fork {n} tcp 0"), format!("served {n}")),
+    programs: &["clone_enter", "clone_exit", "watch_fork", "watch_exit", "accept_exit"],
+    bpftrace: "tracepoint:syscalls:sys_enter_clone /pid == PID/ { @start[tid] = nsecs; }
+tracepoint:syscalls:sys_exit_clone /@start[tid]/ { if (args->ret > 0) { @ns = hist(nsecs - @start[tid]); } delete(@start[tid]); }",
+    bpftrace_programs: ["sys_enter_clone", "sys_exit_clone"],
+    check: |summary, pid, n| {
+        let role = summary["roles"]
+            .as_array()
+            .and_then(|roles| roles.iter().find(|r| r["pids"].as_array().is_some_and(|p| p.contains(&pid.into()))))
+            .context("the server's role is missing from stackprobe's summary")?;
+        ensure!(role["fork"]["count"] == n, "stackprobe counted {} forks, expected {n}", role["fork"]["count"]);
+        ensure!(
+            role["child_lifetime"]["count"] == n,
+            "stackprobe saw {} children exit, expected {n}",
+            role["child_lifetime"]["count"]
+        );
+        Ok(())
+    },
+};
+
+#[derive(Debug, Default, Clone)]
+struct Cost {
+    /// ns per run of each program, in the workload's order.
+    ns_per_run: Vec<f64>,
+    ops_per_s: f64,
+}
+
+pub fn run(w: &Workload, n: u64, rounds: u32) -> Result<()> {
     ensure!(
         tasks::is_root(),
         "the benchmark loads kernel probes: run it as root"
@@ -39,42 +91,65 @@ pub fn accept(accepts: u64, rounds: u32) -> Result<()> {
     let bin = tasks::workspace_root().join("target/release");
     let (mut none, mut ours, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
-        none.push(baseline(&bin, accepts)?);
-        ours.push(stackprobe(&bin, accepts)?);
-        theirs.push(bpftrace(&bin, accepts)?);
+        none.push(baseline(w, &bin, n)?);
+        ours.push(stackprobe(w, &bin, n)?);
+        theirs.push(bpftrace(w, &bin, n)?);
+        let show = |c: &Cost| {
+            let ns: Vec<String> = c.ns_per_run.iter().map(|ns| format!("{ns:.0}")).collect();
+            format!("ns/run [{}], {:.0} ops/s", ns.join(", "), c.ops_per_s)
+        };
         eprintln!(
-            "round {round}: stackprobe enter {:.0} ns, exit {:.0} ns | bpftrace enter {:.0} ns, exit {:.0} ns",
-            ours.last().unwrap().enter_ns,
-            ours.last().unwrap().exit_ns,
-            theirs.last().unwrap().enter_ns,
-            theirs.last().unwrap().exit_ns,
+            "round {round}: stackprobe {} | bpftrace {}",
+            show(ours.last().unwrap()),
+            show(theirs.last().unwrap())
         );
     }
-    let med = |v: &[Cost], f: fn(&Cost) -> f64| median(v.iter().map(f).collect());
-    println!("accept probe cost, {accepts} loopback accepts x {rounds} rounds (medians)");
+    let med = |v: &[Cost], f: &dyn Fn(&Cost) -> f64| median(v.iter().map(f).collect());
     println!(
-        "{:<12} {:>14} {:>14} {:>12}",
-        "", "enter ns/run", "exit ns/run", "accepts/s"
+        "{} probe cost, {n} operations x {rounds} rounds (medians)",
+        w.name
     );
     println!(
-        "{:<12} {:>14} {:>14} {:>12.0}",
+        "{:<12} {:>16} {:>10} {:>12}",
+        "", "program", "ns/run", "ops/s"
+    );
+    println!(
+        "{:<12} {:>16} {:>10} {:>12.0}",
         "no probes",
         "-",
         "-",
-        med(&none, |c| c.accepts_per_s)
+        med(&none, &|c| c.ops_per_s)
     );
-    for (name, v) in [("stackprobe", &ours), ("bpftrace", &theirs)] {
+    for (i, program) in w.programs.iter().enumerate() {
+        let ops = if i == 0 {
+            format!("{:.0}", med(&ours, &|c| c.ops_per_s))
+        } else {
+            String::new()
+        };
         println!(
-            "{name:<12} {:>14.0} {:>14.0} {:>12.0}",
-            med(v, |c| c.enter_ns),
-            med(v, |c| c.exit_ns),
-            med(v, |c| c.accepts_per_s)
+            "{:<12} {program:>16} {:>10.0} {ops:>12}",
+            if i == 0 { "stackprobe" } else { "" },
+            med(&ours, &|c| c.ns_per_run[i])
+        );
+    }
+    for (i, program) in w.bpftrace_programs.iter().enumerate() {
+        let ops = if i == 0 {
+            format!("{:.0}", med(&theirs, &|c| c.ops_per_s))
+        } else {
+            String::new()
+        };
+        println!(
+            "{:<12} {program:>16} {:>10.0} {ops:>12}",
+            if i == 0 { "bpftrace" } else { "" },
+            med(&theirs, &|c| c.ns_per_run[i])
         );
     }
     println!(
-        "stackprobe / bpftrace: enter {:.2}, exit {:.2} (stackprobe's exit also streams each sample to userspace)",
-        med(&ours, |c| c.enter_ns) / med(&theirs, |c| c.enter_ns),
-        med(&ours, |c| c.exit_ns) / med(&theirs, |c| c.exit_ns),
+        "stackprobe / bpftrace: {} {:.2}, {} {:.2}",
+        w.programs[0],
+        med(&ours, &|c| c.ns_per_run[0]) / med(&theirs, &|c| c.ns_per_run[0]),
+        w.programs[1],
+        med(&ours, &|c| c.ns_per_run[1]) / med(&theirs, &|c| c.ns_per_run[1]),
     );
     Ok(())
 }
@@ -125,9 +200,10 @@ impl Server {
         })
     }
 
-    /// Makes `n` accepts and returns how many per second.
-    fn load(&mut self, bin: &Path, n: u64) -> Result<f64> {
-        writeln!(self.stdin, "accept {n} tcp accept4")?;
+    /// Runs `n` of the workload's operations and returns how many per second.
+    fn load(&mut self, w: &Workload, bin: &Path, n: u64) -> Result<f64> {
+        let (command, reply) = (w.command)(n);
+        writeln!(self.stdin, "{command}")?;
         let start = Instant::now();
         tasks::run_cmd(
             Command::new(bin.join("stackprobe-loopback"))
@@ -136,10 +212,7 @@ impl Server {
         )?;
         let mut line = String::new();
         self.stdout.read_line(&mut line)?;
-        ensure!(
-            line.trim() == format!("accepted {n}"),
-            "server said {line:?}"
-        );
+        ensure!(line.trim() == reply, "server said {line:?}");
         Ok(n as f64 / start.elapsed().as_secs_f64())
     }
 }
@@ -171,15 +244,15 @@ fn wait_line(reader: &mut impl BufRead, needle: &str) -> Result<()> {
     }
 }
 
-fn baseline(bin: &Path, n: u64) -> Result<Cost> {
+fn baseline(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
     let mut server = Server::start(bin)?;
     Ok(Cost {
-        accepts_per_s: server.load(bin, n)?,
+        ops_per_s: server.load(w, bin, n)?,
         ..Cost::default()
     })
 }
 
-fn stackprobe(bin: &Path, n: u64) -> Result<Cost> {
+fn stackprobe(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
     let mut server = Server::start(bin)?;
     let mut sp = Command::new(bin.join("stackprobe"))
         .args([
@@ -198,37 +271,33 @@ fn stackprobe(bin: &Path, n: u64) -> Result<Cost> {
         &mut BufReader::new(sp.stderr.take().unwrap()),
         "probes attached",
     )?;
-    let accepts_per_s = server.load(bin, n)?;
+    let ops_per_s = server.load(w, bin, n)?;
     interrupt(&sp);
     let out = sp.wait_with_output()?;
     ensure!(out.status.success(), "stackprobe failed: {}", out.status);
     let stdout = String::from_utf8(out.stdout)?;
     let summary: Value = serde_json::from_str(stdout.lines().last().context("no summary")?)?;
-    let row = summary["processes"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["pid"] == server.pid))
-        .context("the server is missing from stackprobe's summary")?;
-    ensure!(
-        row["count"] == n,
-        "stackprobe counted {} accepts, expected {n}",
-        row["count"]
-    );
+    (w.check)(&summary, server.pid, n)?;
     ensure!(
         summary["drops"] == 0,
         "stackprobe dropped events: {}",
         summary["drops_by_cause"]
     );
-    let cost = |name: &str| -> Result<f64> {
-        let c = summary["probe_cost"]
-            .as_array()
-            .and_then(|v| v.iter().find(|c| c["program"] == name))
-            .ok_or_else(|| anyhow!("no cost for {name}"))?;
-        Ok(c["run_time_ns"].as_f64().unwrap_or(0.0) / c["runs"].as_f64().unwrap_or(1.0).max(1.0))
-    };
+    let ns_per_run = w
+        .programs
+        .iter()
+        .map(|name| {
+            let c = summary["probe_cost"]
+                .as_array()
+                .and_then(|v| v.iter().find(|c| c["program"] == *name))
+                .ok_or_else(|| anyhow!("no cost for {name}"))?;
+            Ok(c["run_time_ns"].as_f64().unwrap_or(0.0)
+                / c["runs"].as_f64().unwrap_or(1.0).max(1.0))
+        })
+        .collect::<Result<Vec<f64>>>()?;
     Ok(Cost {
-        enter_ns: cost("accept_enter")?,
-        exit_ns: cost("accept_exit")?,
-        accepts_per_s,
+        ns_per_run,
+        ops_per_s,
     })
 }
 
@@ -251,21 +320,18 @@ impl Drop for BpfStats {
     }
 }
 
-fn bpftrace(bin: &Path, n: u64) -> Result<Cost> {
+fn bpftrace(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
     let mut server = Server::start(bin)?;
     let _stats = BpfStats::enable()?;
     let mut bt = Command::new("bpftrace")
-        .args([
-            "-e",
-            &BPFTRACE_ACCEPT.replace("PID", &server.pid.to_string()),
-        ])
+        .args(["-e", &w.bpftrace.replace("PID", &server.pid.to_string())])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
     wait_line(&mut BufReader::new(bt.stdout.take().unwrap()), "Attaching")?;
     // bpftrace prints "Attaching" just before it attaches.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let accepts_per_s = server.load(bin, n)?;
+    let ops_per_s = server.load(w, bin, n)?;
     let progs: Value = serde_json::from_slice(
         &Command::new("bpftool")
             .args(["prog", "show", "--json"])
@@ -284,13 +350,16 @@ fn bpftrace(bin: &Path, n: u64) -> Result<Cost> {
             .ok_or_else(|| anyhow!("bpftool shows no program {prefix}*"))?;
         let runs = p["run_cnt"].as_f64().unwrap_or(0.0);
         if runs < n as f64 {
-            bail!("bpftrace's {prefix} ran {runs} times for {n} accepts");
+            bail!("bpftrace's {prefix} ran {runs} times for {n} operations");
         }
         Ok(p["run_time_ns"].as_f64().unwrap_or(0.0) / runs)
     };
     Ok(Cost {
-        enter_ns: cost("sys_enter_accep")?,
-        exit_ns: cost("sys_exit_accept")?,
-        accepts_per_s,
+        ns_per_run: w
+            .bpftrace_programs
+            .iter()
+            .map(|p| cost(p))
+            .collect::<Result<_>>()?,
+        ops_per_s,
     })
 }

@@ -44,14 +44,20 @@ enum Task {
 
 #[derive(Subcommand)]
 enum Bench {
-    Accept {
-        /// Loopback accepts per measurement.
-        #[arg(long, default_value_t = 30_000)]
-        accepts: u64,
-        /// Rounds; medians are reported.
-        #[arg(long, default_value_t = 3)]
-        rounds: u32,
-    },
+    /// Accept probes: a server accepting loopback connections.
+    Accept(BenchArgs),
+    /// Fork and lifecycle probes: a server forking a child per connection.
+    Fork(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Operations (accepts, forks) per measurement.
+    #[arg(long, default_value_t = 20_000)]
+    ops: u64,
+    /// Rounds; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
 }
 
 fn main() -> ExitCode {
@@ -61,9 +67,13 @@ fn main() -> ExitCode {
         Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
         Task::Install => setup::run().and_then(|()| tasks::install()),
         Task::Test => setup::run().and_then(|()| tasks::test()),
-        Task::Bench {
-            which: Bench::Accept { accepts, rounds },
-        } => setup::run().and_then(|()| bench::accept(accepts, rounds)),
+        Task::Bench { which } => {
+            let (workload, args) = match &which {
+                Bench::Accept(a) => (&bench::ACCEPT, a),
+                Bench::Fork(a) => (&bench::FORK, a),
+            };
+            setup::run().and_then(|()| bench::run(workload, args.ops, args.rounds))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
