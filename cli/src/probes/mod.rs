@@ -3,6 +3,7 @@
 //! per probe, mirroring probes-ebpf.
 
 pub mod accept;
+pub mod btf;
 pub mod events;
 pub mod fork;
 pub mod loader;
