@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::{io::Read, net::TcpStream, time::Duration};
+use std::time::Duration;
 
 use stackprobe::model::report::{Report, ReportKind};
 use support::*;
@@ -28,9 +28,7 @@ fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_l
     let n = 20;
     server.send(&format!("serve-fork {n} tcp 50"));
     for _ in 0..n {
-        let mut c = TcpStream::connect(&server.tcp).unwrap();
-        let mut byte = [0u8; 1];
-        c.read_exact(&mut byte).unwrap();
+        tcp_connect_and_read(&server.tcp);
     }
     // Replies once every child has exited and been reaped.
     assert_eq!(server.line(), format!("served {n}"));

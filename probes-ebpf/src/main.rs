@@ -7,6 +7,7 @@ mod accept;
 mod events;
 mod fork;
 mod slots;
+mod sock;
 mod watch;
 
 #[unsafe(link_section = "license")]

@@ -8,3 +8,4 @@ pub mod process;
 pub mod report;
 pub mod roles;
 pub mod selector;
+pub mod sockets;

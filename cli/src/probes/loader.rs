@@ -19,7 +19,9 @@ use probes_common::{
     watch::WatchReason,
 };
 
-use super::{accept, fork, preflight, tracefs::Tracefs, watch, watch::WatchSet};
+use super::{
+    accept, btf::KernelBtf, fork, preflight, sock, tracefs::Tracefs, watch, watch::WatchSet,
+};
 use crate::{
     model::report::{Drops, ProgramCost},
     procfs,
@@ -60,6 +62,7 @@ impl Probes {
             accept::setup(&tracefs, slots)?,
             fork::setup(&tracefs, slots)?,
             watch::setup(&tracefs)?,
+            sock::setup(&KernelBtf::from_file(&preflight::btf_path())?)?,
         ];
         let mut loader = EbpfLoader::new();
         loader.btf(Some(&btf));
@@ -86,6 +89,7 @@ impl Probes {
         watch::attach(&mut ebpf, &tracefs)?;
         fork::attach(&mut ebpf, &tracefs)?;
         accept::attach(&mut ebpf, &tracefs)?;
+        sock::load(&mut ebpf, &btf)?;
         Ok(Self {
             watch_set,
             ebpf,
@@ -104,6 +108,11 @@ impl Probes {
 
     pub fn watched(&self) -> Vec<(u32, Option<WatchReason>)> {
         self.watch_set.pids()
+    }
+
+    /// Every TCP socket on the machine now, from the iterator.
+    pub fn tcp_sockets(&mut self) -> Result<Vec<crate::model::sockets::TcpSock>> {
+        sock::snapshot(&mut self.ebpf)
     }
 
     /// The ring buffer every probe writes to; can be taken once.

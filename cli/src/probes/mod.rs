@@ -8,6 +8,7 @@ pub mod events;
 pub mod fork;
 pub mod loader;
 pub mod preflight;
+pub mod sock;
 pub mod tracefs;
 pub mod watch;
 

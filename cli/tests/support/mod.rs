@@ -116,8 +116,13 @@ impl Server {
     /// Starts the server from `program` (a symlink to the loopback binary gives
     /// it another comm).
     pub fn start_as(program: &Path, unix: Option<&Path>) -> Self {
+        Self::start_with(program, "127.0.0.1:0", unix)
+    }
+
+    /// Starts the loopback server listening on `tcp` (e.g. `[::1]:0`).
+    pub fn start_with(program: &Path, tcp: &str, unix: Option<&Path>) -> Self {
         let mut cmd = Command::new(program);
-        cmd.args(["serve", "--tcp", "127.0.0.1:0", "--max-seconds", "120"]);
+        cmd.args(["serve", "--tcp", tcp, "--max-seconds", "120"]);
         if let Some(path) = unix {
             cmd.arg("--unix").arg(path);
         }
@@ -182,8 +187,7 @@ impl Server {
             if unix { "unix" } else { "tcp" }
         ));
         for mut s in streams {
-            let mut byte = [0u8; 1];
-            s.read_exact(&mut byte).unwrap();
+            read_byte_then_eof(&mut *s);
         }
         self.wait_accepted(n);
     }
@@ -222,12 +226,24 @@ impl Drop for Server {
 
 pub fn tcp_connect_and_read(addr: &str) {
     let mut s = TcpStream::connect(addr).unwrap();
+    read_byte_then_eof(&mut s);
+}
+
+/// Reads the server's byte, then waits for its FIN before closing: the server
+/// always closes first, so TIME_WAIT is always on its side.
+pub fn read_byte_then_eof(s: &mut dyn Read) {
     let mut byte = [0u8; 1];
     s.read_exact(&mut byte).unwrap();
+    assert_eq!(
+        s.read(&mut byte).unwrap(),
+        0,
+        "the server sends one byte, then closes"
+    );
 }
 
 /// Names of stackprobe's kernel programs (as the kernel truncates them).
-pub const PROGRAM_NAMES: [&str; 9] = [
+pub const PROGRAM_NAMES: [&str; 10] = [
+    "tcp_sockets",
     "clone_enter",
     "clone3_enter",
     "fork_enter",

@@ -1,0 +1,82 @@
+//! TCP sockets as the iterator sees them, in model terms.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TcpState {
+    Established,
+    SynSent,
+    SynRecv,
+    FinWait1,
+    FinWait2,
+    TimeWait,
+    Close,
+    CloseWait,
+    LastAck,
+    Listen,
+    Closing,
+    NewSynRecv,
+}
+
+impl TcpState {
+    /// The kernel's numbering (include/net/tcp_states.h).
+    pub fn from_kernel(state: u8) -> Option<Self> {
+        use TcpState::*;
+        Some(match state {
+            1 => Established,
+            2 => SynSent,
+            3 => SynRecv,
+            4 => FinWait1,
+            5 => FinWait2,
+            6 => TimeWait,
+            7 => Close,
+            8 => CloseWait,
+            9 => LastAck,
+            10 => Listen,
+            11 => Closing,
+            12 => NewSynRecv,
+            _ => return None,
+        })
+    }
+}
+
+/// One TCP socket in a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpSock {
+    pub state: TcpState,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// The socket's inode, 0 for TIME_WAIT and request sockets.
+    pub ino: u64,
+    /// LISTEN sockets: connections waiting to be accepted, and the limit.
+    pub backlog: u32,
+    pub max_backlog: u32,
+}
+
+/// Builds an address from the kernel's bytes (IPv4 in the first 4).
+pub fn address(ipv6: bool, bytes: [u8; 16], port: u16) -> SocketAddr {
+    let ip = if ipv6 {
+        IpAddr::V6(Ipv6Addr::from(bytes))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+    };
+    SocketAddr::new(ip, port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_and_states() {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&[127, 0, 0, 1]);
+        assert_eq!(address(false, b, 80).to_string(), "127.0.0.1:80");
+        let mut v6 = [0u8; 16];
+        v6[15] = 1;
+        assert_eq!(address(true, v6, 443).to_string(), "[::1]:443");
+        assert_eq!(TcpState::from_kernel(6), Some(TcpState::TimeWait));
+        assert_eq!(TcpState::from_kernel(10), Some(TcpState::Listen));
+        assert_eq!(TcpState::from_kernel(0), None);
+    }
+}

@@ -1,0 +1,66 @@
+//! TCP sockets: a snapshot of every TCP socket from the `iter/tcp` BPF
+//! iterator (TIME_WAIT and LISTEN included, as `ss -tan` shows them).
+
+/// The iterator program; each run writes one [`TcpSocket`] per socket.
+pub const ITER_PROGRAM: &str = "tcp_sockets";
+
+/// Offsets into kernel structs, from BTF at load time. One global each.
+pub const OFFSET_GLOBALS: [&str; 14] = [
+    "SKC_DADDR",
+    "SKC_RCV_SADDR",
+    "SKC_DPORT",
+    "SKC_NUM",
+    "SKC_FAMILY",
+    "SKC_STATE",
+    "SKC_V6_DADDR",
+    "SKC_V6_RCV_SADDR",
+    "SK_ACK_BACKLOG",
+    "SK_MAX_ACK_BACKLOG",
+    "SK_SOCKET",
+    "SOCKET_FILE",
+    "FILE_INODE",
+    "INODE_INO",
+];
+
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+/// TCP states as the kernel numbers them.
+pub const TCP_ESTABLISHED: u8 = 1;
+pub const TCP_SYN_SENT: u8 = 2;
+pub const TCP_SYN_RECV: u8 = 3;
+pub const TCP_FIN_WAIT1: u8 = 4;
+pub const TCP_FIN_WAIT2: u8 = 5;
+pub const TCP_TIME_WAIT: u8 = 6;
+pub const TCP_CLOSE: u8 = 7;
+pub const TCP_CLOSE_WAIT: u8 = 8;
+pub const TCP_LAST_ACK: u8 = 9;
+pub const TCP_LISTEN: u8 = 10;
+pub const TCP_CLOSING: u8 = 11;
+pub const TCP_NEW_SYN_RECV: u8 = 12;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TcpSocket {
+    pub family: u16,
+    pub state: u8,
+    pub _pad: u8,
+    /// Local port, host byte order.
+    pub lport: u16,
+    /// Remote port, network byte order (as the kernel keeps it).
+    pub rport_be: u16,
+    /// Addresses: IPv4 in the first 4 bytes, IPv6 in all 16.
+    pub laddr: [u8; 16],
+    pub raddr: [u8; 16],
+    /// The socket's inode (0 for TIME_WAIT and request sockets, which have
+    /// none): /proc/PID/fd links name it, so it tells which process owns it.
+    pub ino: u64,
+    /// For LISTEN sockets: connections waiting to be accepted, and the limit.
+    pub ack_backlog: u32,
+    pub max_ack_backlog: u32,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    unsafe impl aya::Pod for super::TcpSocket {}
+}
