@@ -66,6 +66,20 @@ pub fn cmdline(pid: u32) -> Option<String> {
     (!text.is_empty()).then(|| text.to_string())
 }
 
+/// Inodes of the sockets `pid` holds open (its `socket:[N]` fd links).
+pub fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_str()?;
+            t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
 /// The largest pid plus one (`kernel.pid_max`); 2^22, the kernel's ceiling,
 /// if unreadable.
 pub fn pid_max() -> u32 {

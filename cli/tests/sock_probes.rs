@@ -90,3 +90,148 @@ fn the_iterator_counts_time_wait_and_listen_sockets_as_ss_does() {
         server.stop();
     }
 }
+
+/// Snapshots sockets into the session's table until `done` holds (bounded):
+/// the last FINs may still be in flight.
+fn observe_until(s: &mut Session, done: impl Fn(&Session) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        s.collect();
+        stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+        if done(s) || Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn link_time_wait(s: &Session, owner: Option<u32>, peer: &str) -> u64 {
+    s.table
+        .links
+        .iter()
+        .filter(|(k, _)| k.owner == owner && k.peer == peer)
+        .map(|(_, st)| st.time_wait)
+        .sum()
+}
+
+fn link<'a>(s: &'a Session, owner: u32, peer: &str) -> &'a stackprobe::model::links::LinkStats {
+    s.table
+        .links
+        .iter()
+        .find(|(k, _)| k.owner == Some(owner) && k.peer == peer)
+        .map(|(_, st)| st)
+        .unwrap_or_else(|| {
+            panic!(
+                "no link {owner} {peer}: {:?}",
+                s.table.links.iter().collect::<Vec<_>>()
+            )
+        })
+}
+
+#[test]
+fn a_client_that_closes_first_owns_its_time_wait_sockets() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("tw-client");
+    let name = format!("sptw{}c", std::process::id() % 100_000);
+    let client = dir.0.join(&name);
+    std::os::unix::fs::symlink(LOOPBACK, &client).unwrap();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+    let selector = stackprobe::model::selector::Selector::new(vec![name], vec![]).unwrap();
+    s.probes.watch_names(&selector.kernel_comm_keys()).unwrap();
+    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+
+    let n = 20;
+    server.send(&format!("accept-wait {n} tcp"));
+    let out = Command::new(&client)
+        .args([
+            "connect",
+            "tcp",
+            &server.tcp,
+            &n.to_string(),
+            "--close-first",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let client_pid = {
+        // The client has exited; its pid is the one its links carry.
+        s.collect();
+        let owners: Vec<u32> = s
+            .table
+            .links
+            .iter()
+            .filter_map(|(k, _)| k.owner)
+            .filter(|&o| o != server.pid)
+            .collect();
+        assert!(!owners.is_empty(), "the client's connections were not seen");
+        owners[0]
+    };
+    server.wait_accepted(n);
+    let to_server = format!("→ {}", server.tcp);
+    observe_until(&mut s, |s| {
+        link_time_wait(s, Some(client_pid), &to_server) == n
+    });
+
+    let c = link(&s, client_pid, &to_server);
+    assert_eq!(c.time_wait, n, "TIME_WAIT on the client's link");
+    assert_eq!(c.new_time_wait.total, n);
+    assert_eq!((c.opens.total, c.closes.total, c.aborts.total), (n, n, 0));
+    // What ss counts for that port pair: every TIME_WAIT socket towards the server.
+    let ss = Command::new("ss")
+        .args(["-Htan", "state", "time-wait"])
+        .output()
+        .unwrap();
+    let ss_count = String::from_utf8_lossy(&ss.stdout)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(3) == Some(server.tcp.as_str()))
+        .count();
+    assert_eq!(ss_count as u64, n, "ss disagrees");
+    let server_side = format!("{} ← 127.0.0.1", server.tcp);
+    assert_eq!(
+        link_time_wait(&s, Some(server.pid), &server_side),
+        0,
+        "no TIME_WAIT for the server"
+    );
+    let srv = link(&s, server.pid, &server_side);
+    assert_eq!(
+        (srv.opens.total, srv.closes.total),
+        (n, n),
+        "passive opens and closes"
+    );
+    server.stop();
+}
+
+#[test]
+fn a_server_that_closes_first_owns_the_time_wait_sockets() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+
+    let n = 15;
+    // The server writes its byte and closes; the (unwatched) test client
+    // waits for that before closing.
+    server.accept_queued(n, false, "accept4");
+    let server_side = format!("{} ← 127.0.0.1", server.tcp);
+    observe_until(&mut s, |s| {
+        link_time_wait(s, Some(server.pid), &server_side) == n
+    });
+
+    let srv = link(&s, server.pid, &server_side);
+    assert_eq!(srv.time_wait, n);
+    assert_eq!(
+        srv.time_wait as usize,
+        ss_count("time-wait", &server.tcp),
+        "ss disagrees"
+    );
+    assert_eq!((srv.opens.total, srv.closes.total), (n, n));
+    assert_eq!(
+        link_time_wait(&s, None, &server_side),
+        0,
+        "no unknown closers"
+    );
+    server.stop();
+}

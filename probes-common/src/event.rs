@@ -24,6 +24,8 @@ pub enum EventKind {
     Exec = 4,
     /// A watched process (its main thread) exited.
     Exit = 5,
+    /// A TCP socket of a watched process changed state.
+    TcpState = 6,
 }
 
 impl EventKind {
@@ -34,6 +36,7 @@ impl EventKind {
             3 => Some(Self::Spawn),
             4 => Some(Self::Exec),
             5 => Some(Self::Exit),
+            6 => Some(Self::TcpState),
             _ => None,
         }
     }

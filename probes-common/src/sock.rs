@@ -64,3 +64,63 @@ pub struct TcpSocket {
 mod user {
     unsafe impl aya::Pod for super::TcpSocket {}
 }
+
+/// `sock/inet_sock_set_state`: every TCP state change of a socket owned by a
+/// watched process.
+pub const STATE_PROGRAM: &str = "tcp_state";
+/// Map from a socket's address to the watched process owning it.
+pub const TRACKED_MAP: &str = "TRACKED";
+pub const TRACKED_MAX_ENTRIES: u32 = 65536;
+/// Map from a listening port to the watched process listening on it: the
+/// owner of connections that arrive there (their handshake completes in
+/// softirq, where the current task is not the owner).
+pub const LISTEN_OWNERS_MAP: &str = "LISTEN_OWNERS";
+pub const LISTEN_OWNERS_MAX_ENTRIES: u32 = 4096;
+
+/// Offsets in the `inet_sock_set_state` record, from tracefs.
+pub const STATE_OFFSET_GLOBALS: [&str; 11] = [
+    "TP_SKADDR",
+    "TP_OLDSTATE",
+    "TP_NEWSTATE",
+    "TP_SPORT",
+    "TP_DPORT",
+    "TP_FAMILY",
+    "TP_PROTOCOL",
+    "TP_SADDR",
+    "TP_DADDR",
+    "TP_SADDR_V6",
+    "TP_DADDR_V6",
+];
+/// The record fields those globals locate, in the same order.
+pub const STATE_FIELDS: [&str; 11] = [
+    "skaddr", "oldstate", "newstate", "sport", "dport", "family", "protocol", "saddr", "daddr",
+    "saddr_v6", "daddr_v6",
+];
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TcpStateEvent {
+    /// Always [`crate::event::EventKind::TcpState`].
+    pub kind: u32,
+    /// The watched process owning the socket.
+    pub owner: u32,
+    pub oldstate: u8,
+    pub newstate: u8,
+    /// 1 when the owner's own syscall made the change (connect, listen,
+    /// close): the owner is then also the process that closed first.
+    pub by_owner: u8,
+    pub _pad: u8,
+    pub family: u16,
+    /// Ports in host byte order.
+    pub lport: u16,
+    pub rport: u16,
+    pub _pad2: u16,
+    pub laddr: [u8; 16],
+    pub raddr: [u8; 16],
+    pub ts_ns: u64,
+}
+
+#[cfg(feature = "user")]
+mod user_state {
+    unsafe impl aya::Pod for super::TcpStateEvent {}
+}

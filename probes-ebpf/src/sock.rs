@@ -1,17 +1,28 @@
 //! TCP sockets. `tcp_sockets` is an `iter/tcp` iterator: each read of its file
 //! walks every TCP socket (TIME_WAIT and LISTEN included) and writes one
 //! TcpSocket record per socket. Struct offsets come from BTF at load time.
+//! `tcp_state` reports the state changes of watched processes' sockets.
 
 use core::ffi::c_void;
 
 use aya_ebpf::{
     Global,
     bindings::seq_file,
-    helpers::{bpf_probe_read_kernel, bpf_seq_write},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_seq_write},
+    macros::{map, tracepoint},
+    maps::{HashMap, LruHashMap},
+    programs::TracePointContext,
 };
-use probes_common::sock::{
-    AF_INET, AF_INET6, TCP_LISTEN, TCP_NEW_SYN_RECV, TCP_TIME_WAIT, TcpSocket,
+use probes_common::{
+    event::EventKind,
+    sock::{
+        AF_INET, AF_INET6, LISTEN_OWNERS_MAX_ENTRIES, TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN,
+        TCP_NEW_SYN_RECV, TCP_SYN_RECV, TCP_TIME_WAIT, TRACKED_MAX_ENTRIES, TcpSocket,
+        TcpStateEvent,
+    },
 };
+
+use crate::{events, watch::is_watched};
 
 macro_rules! offsets {
     ($($name:ident),*) => {
@@ -113,4 +124,124 @@ unsafe fn inode(sk: *const u8) -> Option<u64> {
         }
         read(inode, &INODE_INO)
     }
+}
+
+offsets!(
+    TP_SKADDR,
+    TP_OLDSTATE,
+    TP_NEWSTATE,
+    TP_SPORT,
+    TP_DPORT,
+    TP_FAMILY,
+    TP_PROTOCOL,
+    TP_SADDR,
+    TP_DADDR,
+    TP_SADDR_V6,
+    TP_DADDR_V6
+);
+
+#[map]
+static TRACKED: LruHashMap<u64, u32> = LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
+
+#[map]
+static LISTEN_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(LISTEN_OWNERS_MAX_ENTRIES, 0);
+
+const IPPROTO_TCP: u16 = 6;
+
+/// Changes only the owner's own syscalls make (connect, listen, close,
+/// shutdown): the current task is the socket's owner. Everything else may run
+/// in softirq, where the current task is whoever happened to be running (the
+/// record's `common_flags` do not tell reliably: 6.18 sets the softirq bit for
+/// listen()).
+#[inline(always)]
+fn by_owner(old: i32, new: i32) -> bool {
+    const CLOSE: i32 = TCP_CLOSE as i32;
+    matches!(
+        (old, new),
+        (CLOSE, 2 /* SYN_SENT */)
+            | (CLOSE, 10 /* LISTEN */)
+            | (
+                1 /* ESTABLISHED */ | 3, /* SYN_RECV */
+                4                        /* FIN_WAIT1 */
+            )
+            | (8 /* CLOSE_WAIT */, 9 /* LAST_ACK */)
+    )
+}
+
+#[inline(always)]
+fn field<T: Copy + Default>(ctx: &TracePointContext, offset: &Global<u32>) -> T {
+    unsafe { ctx.read_at::<T>(offset.load() as usize) }.unwrap_or_default()
+}
+
+#[tracepoint]
+pub fn tcp_state(ctx: TracePointContext) -> u32 {
+    if field::<u16>(&ctx, &TP_PROTOCOL) != IPPROTO_TCP {
+        return 0;
+    }
+    let sk: u64 = field(&ctx, &TP_SKADDR);
+    let old: i32 = field(&ctx, &TP_OLDSTATE);
+    let new: i32 = field(&ctx, &TP_NEWSTATE);
+    let lport: u16 = field(&ctx, &TP_SPORT);
+    let by_owner = by_owner(old, new);
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+
+    // Whose socket is it? For changes made by the owner's own syscalls, the
+    // caller's; otherwise one we learned about, or a connection arriving at a
+    // watched listener.
+    let owner = if by_owner && is_watched(tgid) {
+        tgid
+    } else if let Some(owner) = unsafe { TRACKED.get(sk) } {
+        *owner
+    } else if old == TCP_SYN_RECV as i32 && new == TCP_ESTABLISHED as i32 {
+        match unsafe { LISTEN_OWNERS.get(u32::from(lport)) } {
+            Some(owner) => *owner,
+            None => return 0,
+        }
+    } else {
+        return 0;
+    };
+
+    if new == TCP_CLOSE as i32 {
+        let _ = TRACKED.remove(sk);
+        if old == TCP_LISTEN as i32 {
+            let _ = LISTEN_OWNERS.remove(u32::from(lport));
+        }
+    } else {
+        let _ = TRACKED.insert(sk, owner, 0);
+        if new == TCP_LISTEN as i32 {
+            let _ = LISTEN_OWNERS.insert(u32::from(lport), owner, 0);
+        }
+    }
+
+    let Some(mut entry) = events::reserve::<TcpStateEvent>() else {
+        return 0;
+    };
+    let family: u16 = field(&ctx, &TP_FAMILY);
+    let (mut laddr, mut raddr) = ([0u8; 16], [0u8; 16]);
+    if family == AF_INET6 {
+        laddr = field(&ctx, &TP_SADDR_V6);
+        raddr = field(&ctx, &TP_DADDR_V6);
+    } else {
+        let l: [u8; 4] = field(&ctx, &TP_SADDR);
+        let r: [u8; 4] = field(&ctx, &TP_DADDR);
+        laddr[..4].copy_from_slice(&l);
+        raddr[..4].copy_from_slice(&r);
+    }
+    entry.write(TcpStateEvent {
+        kind: EventKind::TcpState as u32,
+        owner,
+        oldstate: old as u8,
+        newstate: new as u8,
+        by_owner: by_owner as u8,
+        _pad: 0,
+        family,
+        lport,
+        rport: field(&ctx, &TP_DPORT),
+        _pad2: 0,
+        laddr,
+        raddr,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+    });
+    events::submit(entry);
+    0
 }

@@ -11,12 +11,17 @@
 //!   `serve-fork N tcp|unix MS`  accept N connections and fork a child for
 //!       each, as a forking server does: the child writes the byte, lives MS
 //!       milliseconds and exits; replies `served N` once all are reaped
+//!   `accept-wait N tcp|unix`  accept N connections, writing the byte to
+//!       each, then close each only after its client has: the clients close
+//!       first; replies `accepted N`
 //!   `threads N`  start N threads that end at once; replies `threads N`
 //!   `spawn-exec N`  fork N children that exec /bin/true; replies `execs N`
 //!   `exit`  exit (as does end of input)
 //!
-//! `stackprobe-loopback connect tcp|unix ADDR N` opens N connections one after
-//! another, reading the server's byte on each; prints `connected N`.
+//! `stackprobe-loopback connect tcp|unix ADDR N [--close-first]` opens N
+//! connections one after another, reading the server's byte on each, then
+//! waiting for the server to close (or, with `--close-first`, closing at
+//! once); prints `connected N`.
 
 use std::{
     io::{self, BufRead, Read, Write},
@@ -132,6 +137,26 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                 }
                 say(format!("served {n}"))?;
             }
+            ["accept-wait", n, which] => {
+                let n: u64 = n.parse().map_err(|e| format!("accept count: {e}"))?;
+                let fd = match *which {
+                    "tcp" => tcp.as_raw_fd(),
+                    "unix" => unix.as_ref().ok_or("no --unix listener")?.as_raw_fd(),
+                    other => return Err(format!("unknown listener {other}")),
+                };
+                let mut held = Vec::new();
+                for _ in 0..n {
+                    let mut conn = accept_conn(fd)?;
+                    conn.write_all(b"x").map_err(|e| format!("write: {e}"))?;
+                    held.push(conn);
+                }
+                for mut conn in held {
+                    let mut rest = Vec::new();
+                    conn.read_to_end(&mut rest)
+                        .map_err(|e| format!("read: {e}"))?;
+                }
+                say(format!("accepted {n}"))?;
+            }
             ["threads", n] => {
                 let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
                 for _ in 0..n {
@@ -159,6 +184,28 @@ fn serve(args: &[String]) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn accept_conn(listen_fd: RawFd) -> Result<std::fs::File> {
+    loop {
+        // SAFETY: a plain syscall on a listening socket we own.
+        let fd = unsafe {
+            libc::accept4(
+                listen_fd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: the kernel just returned this fd to us.
+            return Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(format!("accept: {err}"));
+        }
+    }
 }
 
 fn accept_one(listen_fd: RawFd, plain: bool) -> Result<()> {
@@ -255,15 +302,28 @@ fn wait_for(child: libc::pid_t) -> ExitCode {
 }
 
 fn connect(args: &[String]) -> Result<ExitCode> {
+    let (close_first, args) = match args {
+        [rest @ .., last] if last == "--close-first" => (true, rest),
+        _ => (false, args),
+    };
     let [kind, addr, n] = args else {
-        return Err("usage: connect tcp|unix ADDR N".into());
+        return Err("usage: connect tcp|unix ADDR N [--close-first]".into());
     };
     let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
-    for _ in 0..n {
+    let talk = |s: &mut dyn Read| -> io::Result<()> {
         let mut byte = [0u8; 1];
+        s.read_exact(&mut byte)?;
+        if !close_first {
+            // Wait for the server's FIN: it closes first.
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest)?;
+        }
+        Ok(())
+    };
+    for _ in 0..n {
         match kind.as_str() {
-            "tcp" => TcpStream::connect(addr.as_str()).and_then(|mut s| s.read_exact(&mut byte)),
-            "unix" => UnixStream::connect(addr).and_then(|mut s| s.read_exact(&mut byte)),
+            "tcp" => TcpStream::connect(addr.as_str()).and_then(|mut s| talk(&mut s)),
+            "unix" => UnixStream::connect(addr).and_then(|mut s| talk(&mut s)),
             other => return Err(format!("unknown kind {other}")),
         }
         .map_err(|e| format!("connect {addr}: {e}"))?;

@@ -20,6 +20,7 @@ use crate::{
         process::{LiveProcess, ProcessTable},
         report::{Report, ReportKind},
         selector::Selector,
+        sockets::TcpState,
     },
     probes::{
         Options, Probes,
@@ -59,6 +60,7 @@ async fn watch(args: WatchArgs) -> Result<()> {
     let mut table = ProcessTable::default();
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
+    observe_sockets(&mut probes, &mut table)?;
     let mut events = EventStream::new(probes.take_events()?).context("polling the ring buffer")?;
 
     let mut waiting = live.is_empty();
@@ -108,6 +110,7 @@ async fn watch(args: WatchArgs) -> Result<()> {
                 events.drain(|e| apply(&mut table, e));
                 let live = refresh_watch_set(&selector, &mut probes, &table)?;
                 table.sync_watched(&live);
+                observe_sockets(&mut probes, &mut table)?;
                 if waiting && !live.is_empty() {
                     waiting = false;
                     eprintln!("stackprobe: now watching {}", list(&live));
@@ -126,6 +129,7 @@ async fn watch(args: WatchArgs) -> Result<()> {
     events.drain(|e| apply(&mut table, e));
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
+    observe_sockets(&mut probes, &mut table)?;
     let elapsed = start.elapsed();
     let summary = build_report(
         ReportKind::Summary,
@@ -165,6 +169,43 @@ fn build_report(
         report.probe_cost = probes.costs()?;
     }
     Ok(report)
+}
+
+/// Snapshots every TCP socket: finds which watched process owns each
+/// listening socket (by inode, as `ss -p` does), tells the kernel, and counts
+/// TIME_WAIT sockets per link.
+pub fn observe_sockets(probes: &mut Probes, table: &mut ProcessTable) -> Result<()> {
+    let sockets = probes.tcp_sockets()?;
+    let listening: HashMap<u64, u16> = sockets
+        .iter()
+        .filter(|s| s.state == TcpState::Listen && s.ino != 0)
+        .map(|s| (s.ino, s.local.port()))
+        .collect();
+    let mut listeners: HashMap<u16, u32> = HashMap::new();
+    if !listening.is_empty() {
+        // Lowest pid first: a master and its workers share the listening
+        // socket, and the master is named its owner.
+        let mut pids: Vec<u32> = probes
+            .watched()
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .filter(|&pid| procfs::read(pid).is_some_and(|p| p.is_process()))
+            .collect();
+        pids.sort_unstable();
+        for pid in pids {
+            for ino in procfs::socket_inodes(pid) {
+                if let Some(&port) = listening.get(&ino) {
+                    listeners.entry(port).or_insert(pid);
+                }
+            }
+        }
+    }
+    for (&port, &owner) in &listeners {
+        probes.set_listen_owner(port, owner)?;
+    }
+    table.links.set_listeners(listeners);
+    table.links.observe(&sockets);
+    Ok(())
 }
 
 /// Writes one report; `false` once stdout is gone (e.g. `| head`), which ends

@@ -1,6 +1,10 @@
 //! What the probes report, in the model's terms: one type per kind of ring
 //! buffer record (decoded in `probes`).
 
+use std::net::SocketAddr;
+
+use super::sockets::TcpState;
+
 /// A successful accept.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcceptSample {
@@ -69,6 +73,19 @@ pub struct ExitSample {
     pub ts_ns: u64,
 }
 
+/// A TCP socket of a watched process changed state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpStateSample {
+    pub owner: u32,
+    pub old: TcpState,
+    pub new: TcpState,
+    /// The owner's own syscall made the change (connect, listen, close).
+    pub by_owner: bool,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub ts_ns: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Accept(AcceptSample),
@@ -76,4 +93,5 @@ pub enum Event {
     Spawn(SpawnSample),
     Exec(ExecSample),
     Exit(ExitSample),
+    TcpState(TcpStateSample),
 }

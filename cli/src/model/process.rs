@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use super::{
     event::{AcceptSample, Event, ExecSample, ExitSample, ForkSample, SpawnSample, TaskKind},
     histogram::LatencyHistogram,
+    links::LinkTable,
     roles,
 };
 
@@ -183,6 +184,8 @@ pub struct LiveProcess {
 
 #[derive(Clone, Debug, Default)]
 pub struct ProcessTable {
+    /// Connections of the watched processes.
+    pub links: LinkTable,
     procs: BTreeMap<u32, Process>,
     /// Exited processes' numbers, by role.
     folded: BTreeMap<String, Activity>,
@@ -196,6 +199,7 @@ impl ProcessTable {
             Event::Spawn(s) => self.record_spawn(s),
             Event::Exec(s) => self.record_exec(s),
             Event::Exit(s) => self.record_exit(s),
+            Event::TcpState(s) => self.links.record_state(s),
         }
     }
 
@@ -397,6 +401,7 @@ impl ProcessTable {
         for activity in self.folded.values_mut() {
             activity.reset_interval();
         }
+        self.links.reset_interval();
     }
 
     /// Number of roles holding exited processes' totals.

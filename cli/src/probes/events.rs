@@ -8,7 +8,7 @@ use aya::maps::{MapData, RingBuf};
 use probes_common::event::EventKind;
 use tokio::io::unix::AsyncFd;
 
-use super::{accept, fork, watch};
+use super::{accept, fork, sock, watch};
 use crate::model::event::Event;
 
 /// How often the consumer drains without a wakeup. 1 MiB of ring holds ~18k
@@ -23,6 +23,7 @@ pub fn decode(bytes: &[u8]) -> Option<Event> {
         EventKind::Spawn => watch::decode_spawn(bytes).map(Event::Spawn),
         EventKind::Exec => watch::decode_exec(bytes).map(Event::Exec),
         EventKind::Exit => watch::decode_exit(bytes).map(Event::Exit),
+        EventKind::TcpState => sock::decode_state(bytes).map(Event::TcpState),
     }
 }
 

@@ -62,7 +62,7 @@ impl Probes {
             accept::setup(&tracefs, slots)?,
             fork::setup(&tracefs, slots)?,
             watch::setup(&tracefs)?,
-            sock::setup(&KernelBtf::from_file(&preflight::btf_path())?)?,
+            sock::setup(&KernelBtf::from_file(&preflight::btf_path())?, &tracefs)?,
         ];
         let mut loader = EbpfLoader::new();
         loader.btf(Some(&btf));
@@ -90,6 +90,7 @@ impl Probes {
         fork::attach(&mut ebpf, &tracefs)?;
         accept::attach(&mut ebpf, &tracefs)?;
         sock::load(&mut ebpf, &btf)?;
+        sock::attach(&mut ebpf, &tracefs)?;
         Ok(Self {
             watch_set,
             ebpf,
@@ -113,6 +114,11 @@ impl Probes {
     /// Every TCP socket on the machine now, from the iterator.
     pub fn tcp_sockets(&mut self) -> Result<Vec<crate::model::sockets::TcpSock>> {
         sock::snapshot(&mut self.ebpf)
+    }
+
+    /// Tells the kernel that `owner` listens on `port`.
+    pub fn set_listen_owner(&mut self, port: u16, owner: u32) -> Result<()> {
+        sock::set_listen_owner(&mut self.ebpf, port, owner)
     }
 
     /// The ring buffer every probe writes to; can be taken once.

@@ -5,13 +5,28 @@
 use std::io::Read as _;
 
 use anyhow::{Context as _, Result};
-use aya::{Btf, Ebpf, programs::Iter};
-use probes_common::sock::{AF_INET6, ITER_PROGRAM, OFFSET_GLOBALS, TcpSocket};
+use aya::{
+    Btf, Ebpf,
+    maps::{HashMap, MapError},
+    programs::Iter,
+};
+use probes_common::sock::{
+    AF_INET6, ITER_PROGRAM, LISTEN_OWNERS_MAP, OFFSET_GLOBALS, STATE_FIELDS, STATE_OFFSET_GLOBALS,
+    STATE_PROGRAM, TcpSocket, TcpStateEvent,
+};
 
-use super::{btf::KernelBtf, events::read_record, loader::Setup};
-use crate::model::sockets::{TcpSock, TcpState, address};
+use super::{
+    btf::KernelBtf,
+    events::read_record,
+    loader::{Setup, attach_tracepoints},
+    tracefs::Tracefs,
+};
+use crate::model::{
+    event::TcpStateSample,
+    sockets::{TcpSock, TcpState, address},
+};
 
-pub fn setup(btf: &KernelBtf) -> Result<Setup> {
+pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
     let sock = |path: &[&str]| btf.path_offset("sock", path);
     let offsets = [
         sock(&["__sk_common", "skc_daddr"])?,
@@ -29,9 +44,53 @@ pub fn setup(btf: &KernelBtf) -> Result<Setup> {
         btf.member_offset("file", "f_inode")?,
         btf.member_offset("inode", "i_ino")?,
     ];
+    let mut globals: Vec<(&'static str, u32)> =
+        OFFSET_GLOBALS.iter().copied().zip(offsets).collect();
+    for (global, field) in STATE_OFFSET_GLOBALS.iter().zip(STATE_FIELDS) {
+        let offset = tracefs.field("sock", "inet_sock_set_state", field)?.offset;
+        globals.push((global, offset));
+    }
     Ok(Setup {
-        globals: OFFSET_GLOBALS.iter().copied().zip(offsets).collect(),
+        globals,
         map_sizes: Vec::new(),
+    })
+}
+
+pub fn attach(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> {
+    attach_tracepoints(
+        ebpf,
+        tracefs,
+        STATE_PROGRAM,
+        "sock",
+        &["inet_sock_set_state"],
+    )
+}
+
+/// Tells the kernel who owns a listening port, so connections arriving there
+/// (whose handshake completes in softirq) are attributed to it.
+pub fn set_listen_owner(ebpf: &mut Ebpf, port: u16, owner: u32) -> Result<()> {
+    let map = ebpf
+        .map_mut(LISTEN_OWNERS_MAP)
+        .context("the probes lack the LISTEN_OWNERS map")?;
+    let mut owners: HashMap<_, u32, u32> = HashMap::try_from(map)?;
+    match owners.get(&u32::from(port), 0) {
+        Ok(current) if current == owner => Ok(()),
+        Ok(_) | Err(MapError::KeyNotFound) => Ok(owners.insert(u32::from(port), owner, 0)?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn decode_state(bytes: &[u8]) -> Option<TcpStateSample> {
+    let e: TcpStateEvent = read_record(bytes)?;
+    let v6 = e.family == AF_INET6;
+    Some(TcpStateSample {
+        owner: e.owner,
+        old: TcpState::from_kernel(e.oldstate)?,
+        new: TcpState::from_kernel(e.newstate)?,
+        by_owner: e.by_owner != 0,
+        local: address(v6, e.laddr, e.lport),
+        remote: address(v6, e.raddr, e.rport),
+        ts_ns: e.ts_ns,
     })
 }
 

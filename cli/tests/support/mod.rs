@@ -242,7 +242,8 @@ pub fn read_byte_then_eof(s: &mut dyn Read) {
 }
 
 /// Names of stackprobe's kernel programs (as the kernel truncates them).
-pub const PROGRAM_NAMES: [&str; 10] = [
+pub const PROGRAM_NAMES: [&str; 11] = [
+    "tcp_state",
     "tcp_sockets",
     "clone_enter",
     "clone3_enter",

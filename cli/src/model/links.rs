@@ -1,0 +1,431 @@
+//! Connections of watched processes, grouped into links (a process and the
+//! service on the other end): opens, closes, aborts, and TIME_WAIT sockets
+//! now and new, attributed to the process that closed first.
+//!
+//! State changes come from the `tcp_state` probe; TIME_WAIT sockets (which
+//! that probe never sees) from the TCP iterator's snapshots, joined by
+//! 4-tuple to the process whose close put the socket into FIN_WAIT1. A
+//! TIME_WAIT socket whose closer is unknown (it closed before stackprobe
+//! started, or an unwatched process closed it) is counted as unknown on its
+//! watched listener's link, and never guessed.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::SocketAddr,
+};
+
+use super::{
+    event::TcpStateSample,
+    process::Counter,
+    sockets::{TcpSock, TcpState},
+};
+
+/// At most this many link rows; further links fold into one per process.
+pub const MAX_LINKS: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Side {
+    /// The watched process connected out: `process → remote ip:port`.
+    Active,
+    /// The watched process accepted: `local ip:port ← remote ip`.
+    Passive,
+}
+
+/// Who owns a link: a watched process, or nobody known.
+pub type Owner = Option<u32>;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinkKey {
+    pub owner: Owner,
+    pub side: Side,
+    /// `→ 127.0.0.1:5432` or `127.0.0.1:5432 ← 127.0.0.1`.
+    pub peer: String,
+}
+
+impl LinkKey {
+    fn new(owner: Owner, side: Side, local: SocketAddr, remote: SocketAddr) -> Self {
+        let peer = match side {
+            Side::Active => format!("→ {remote}"),
+            Side::Passive => format!("{local} ← {}", remote.ip()),
+        };
+        Self { owner, side, peer }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    pub opens: Counter,
+    pub closes: Counter,
+    /// Connections that ended without the FIN handshake: reset, refused,
+    /// aborted.
+    pub aborts: Counter,
+    /// TIME_WAIT sockets now (from the last snapshot).
+    pub time_wait: u64,
+    /// TIME_WAIT sockets that appeared since the previous snapshot.
+    pub new_time_wait: Counter,
+}
+
+type Tuple = (SocketAddr, SocketAddr);
+
+#[derive(Clone, Debug, Default)]
+pub struct LinkTable {
+    links: BTreeMap<LinkKey, LinkStats>,
+    /// Sockets' sides, learned when they opened (and dropped when they close).
+    sides: HashMap<Tuple, (u32, Side)>,
+    /// Who closed first, by 4-tuple: kept while the socket may be or is in
+    /// TIME_WAIT. The snapshot number it was learned in, to expire it.
+    closers: HashMap<Tuple, (u32, Side, u64)>,
+    /// TIME_WAIT sockets in the last snapshot.
+    time_wait: HashSet<Tuple>,
+    snapshots: u64,
+    /// Watched listeners: port → owner.
+    listeners: HashMap<u16, u32>,
+}
+
+fn is_abort(old: TcpState, new: TcpState) -> bool {
+    use TcpState::*;
+    new == Close && matches!(old, Established | SynSent | SynRecv | CloseWait | FinWait1)
+}
+
+impl LinkTable {
+    /// Watched processes' listening ports (their connections are passive).
+    pub fn set_listeners(&mut self, listeners: HashMap<u16, u32>) {
+        self.listeners = listeners;
+    }
+
+    fn side_of(&self, owner: u32, local: SocketAddr) -> Side {
+        match self.listeners.get(&local.port()) {
+            Some(&p) if p == owner => Side::Passive,
+            _ => Side::Active,
+        }
+    }
+
+    fn stats(&mut self, key: LinkKey) -> &mut LinkStats {
+        let key = if self.links.len() >= MAX_LINKS && !self.links.contains_key(&key) {
+            LinkKey {
+                owner: key.owner,
+                side: key.side,
+                peer: "(other links)".into(),
+            }
+        } else {
+            key
+        };
+        self.links.entry(key).or_default()
+    }
+
+    pub fn record_state(&mut self, s: &TcpStateSample) {
+        use TcpState::*;
+        let tuple = (s.local, s.remote);
+        if s.new == Listen || s.old == Listen {
+            return;
+        }
+        // Learn the side at the open; a socket seen first mid-life gets it
+        // from whether its port is one of its owner's listeners.
+        let side = match (s.old, s.new) {
+            (Close, SynSent) => Side::Active,
+            (SynRecv, Established) => Side::Passive,
+            _ => self
+                .sides
+                .get(&tuple)
+                .map(|&(_, side)| side)
+                .unwrap_or_else(|| self.side_of(s.owner, s.local)),
+        };
+        let key = LinkKey::new(Some(s.owner), side, s.local, s.remote);
+        match (s.old, s.new) {
+            (Close, SynSent) | (SynRecv, Established) => {
+                self.sides.insert(tuple, (s.owner, side));
+                if s.new == Established || s.new == SynSent {
+                    self.stats(key).opens.bump();
+                }
+            }
+            // The owner closed first: its socket will be in TIME_WAIT.
+            (_, FinWait1) if s.by_owner => {
+                self.closers.insert(tuple, (s.owner, side, self.snapshots));
+            }
+            (old, Close) => {
+                self.sides.remove(&tuple);
+                let stats = self.stats(key);
+                stats.closes.bump();
+                if is_abort(old, Close) {
+                    stats.aborts.bump();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Takes a snapshot of every TCP socket: counts TIME_WAIT sockets per
+    /// link, now and new since the last snapshot.
+    pub fn observe(&mut self, sockets: &[TcpSock]) {
+        self.snapshots += 1;
+        let now: HashSet<Tuple> = sockets
+            .iter()
+            .filter(|s| s.state == TcpState::TimeWait)
+            .map(|s| (s.local, s.remote))
+            .collect();
+        for stats in self.links.values_mut() {
+            stats.time_wait = 0;
+        }
+        for &tuple in &now {
+            let key = match self.closers.get(&tuple) {
+                Some(&(owner, side, _)) => LinkKey::new(Some(owner), side, tuple.0, tuple.1),
+                // Not known to be ours unless a watched listener's port.
+                None if self.listeners.contains_key(&tuple.0.port()) => {
+                    LinkKey::new(None, Side::Passive, tuple.0, tuple.1)
+                }
+                None => continue,
+            };
+            let fresh = !self.time_wait.contains(&tuple);
+            let stats = self.stats(key);
+            stats.time_wait += 1;
+            if fresh {
+                stats.new_time_wait.bump();
+            }
+        }
+        // A closer is kept while its socket is in TIME_WAIT, or for one more
+        // snapshot while it may still be in FIN_WAIT.
+        let snapshots = self.snapshots;
+        self.closers
+            .retain(|tuple, (_, _, seen)| now.contains(tuple) || *seen + 1 >= snapshots);
+        self.time_wait = now;
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&LinkKey, &LinkStats)> {
+        self.links.iter()
+    }
+
+    /// Starts a new interval; links with nothing left to show are dropped.
+    pub fn reset_interval(&mut self) {
+        self.links.retain(|_, s| {
+            s.time_wait > 0
+                || s.opens.interval + s.closes.interval + s.new_time_wait.interval > 0
+                || s.opens.total > 0
+        });
+        for s in self.links.values_mut() {
+            for c in [
+                &mut s.opens,
+                &mut s.closes,
+                &mut s.aborts,
+                &mut s.new_time_wait,
+            ] {
+                c.interval = 0;
+            }
+        }
+    }
+
+    /// Remembered tuples (sides and closers): bounded by live connections and
+    /// TIME_WAIT sockets.
+    pub fn remembered(&self) -> usize {
+        self.sides.len() + self.closers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLIENT: u32 = 10;
+    const SERVER: u32 = 20;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn change(
+        owner: u32,
+        old: TcpState,
+        new: TcpState,
+        by_owner: bool,
+        local: &str,
+        remote: &str,
+    ) -> TcpStateSample {
+        TcpStateSample {
+            owner,
+            old,
+            new,
+            by_owner,
+            local: addr(local),
+            remote: addr(remote),
+            ts_ns: 0,
+        }
+    }
+
+    fn time_wait(local: &str, remote: &str) -> TcpSock {
+        TcpSock {
+            state: TcpState::TimeWait,
+            local: addr(local),
+            remote: addr(remote),
+            ino: 0,
+            backlog: 0,
+            max_backlog: 0,
+        }
+    }
+
+    /// A connection from the client's port `p` to the server's :80, its
+    /// open seen on both sides, closed first by `closer`.
+    fn connection(t: &mut LinkTable, p: u16, closer: u32) {
+        use TcpState::*;
+        let (c, s) = (format!("127.0.0.1:{p}"), "127.0.0.1:80".to_string());
+        t.record_state(&change(CLIENT, Close, SynSent, true, &c, &s));
+        t.record_state(&change(CLIENT, SynSent, Established, false, &c, &s));
+        t.record_state(&change(SERVER, SynRecv, Established, false, &s, &c));
+        let (first, first_local, first_remote, other, other_local, other_remote) =
+            if closer == CLIENT {
+                (CLIENT, &c, &s, SERVER, &s, &c)
+            } else {
+                (SERVER, &s, &c, CLIENT, &c, &s)
+            };
+        t.record_state(&change(
+            first,
+            Established,
+            FinWait1,
+            true,
+            first_local,
+            first_remote,
+        ));
+        t.record_state(&change(
+            first,
+            FinWait1,
+            FinWait2,
+            false,
+            first_local,
+            first_remote,
+        ));
+        t.record_state(&change(
+            other,
+            Established,
+            CloseWait,
+            false,
+            other_local,
+            other_remote,
+        ));
+        t.record_state(&change(
+            other,
+            CloseWait,
+            LastAck,
+            true,
+            other_local,
+            other_remote,
+        ));
+        t.record_state(&change(
+            other,
+            LastAck,
+            Close,
+            false,
+            other_local,
+            other_remote,
+        ));
+        t.record_state(&change(
+            first,
+            FinWait2,
+            Close,
+            false,
+            first_local,
+            first_remote,
+        ));
+    }
+
+    fn row<'a>(t: &'a LinkTable, owner: Owner, peer: &str) -> &'a LinkStats {
+        t.iter()
+            .find(|(k, _)| k.owner == owner && k.peer == peer)
+            .map(|(_, s)| s)
+            .unwrap_or_else(|| panic!("no link {owner:?} {peer}: {:?}", t.links))
+    }
+
+    #[test]
+    fn time_wait_goes_to_the_process_that_closed_first() {
+        let mut t = LinkTable::default();
+        t.set_listeners(HashMap::from([(80, SERVER)]));
+        for p in 40000..40005 {
+            connection(&mut t, p, CLIENT);
+        }
+        let snapshot: Vec<TcpSock> = (40000..40005)
+            .map(|p| time_wait(&format!("127.0.0.1:{p}"), "127.0.0.1:80"))
+            .collect();
+        t.observe(&snapshot);
+        let client = row(&t, Some(CLIENT), "→ 127.0.0.1:80");
+        assert_eq!((client.time_wait, client.new_time_wait.interval), (5, 5));
+        assert_eq!(
+            (client.opens.total, client.closes.total, client.aborts.total),
+            (5, 5, 0)
+        );
+        let server = row(&t, Some(SERVER), "127.0.0.1:80 ← 127.0.0.1");
+        assert_eq!(
+            (server.time_wait, server.opens.total, server.closes.total),
+            (0, 5, 5)
+        );
+        // Still there at the next snapshot: not new any more.
+        t.reset_interval();
+        t.observe(&snapshot);
+        assert_eq!(
+            row(&t, Some(CLIENT), "→ 127.0.0.1:80")
+                .new_time_wait
+                .interval,
+            0
+        );
+        assert_eq!(row(&t, Some(CLIENT), "→ 127.0.0.1:80").time_wait, 5);
+    }
+
+    #[test]
+    fn a_server_that_closes_first_owns_the_time_wait() {
+        let mut t = LinkTable::default();
+        t.set_listeners(HashMap::from([(80, SERVER)]));
+        for p in 41000..41003 {
+            connection(&mut t, p, SERVER);
+        }
+        let snapshot: Vec<TcpSock> = (41000..41003)
+            .map(|p| time_wait("127.0.0.1:80", &format!("127.0.0.1:{p}")))
+            .collect();
+        t.observe(&snapshot);
+        assert_eq!(
+            row(&t, Some(SERVER), "127.0.0.1:80 ← 127.0.0.1").time_wait,
+            3
+        );
+        assert_eq!(row(&t, Some(CLIENT), "→ 127.0.0.1:80").time_wait, 0);
+    }
+
+    #[test]
+    fn unknown_closers_are_unknown_and_unrelated_sockets_ignored() {
+        let mut t = LinkTable::default();
+        t.set_listeners(HashMap::from([(80, SERVER)]));
+        t.observe(&[
+            time_wait("127.0.0.1:80", "127.0.0.1:5000"),
+            time_wait("10.0.0.1:9999", "10.0.0.2:1234"),
+        ]);
+        let unknown = row(&t, None, "127.0.0.1:80 ← 127.0.0.1");
+        assert_eq!(unknown.time_wait, 1);
+        assert_eq!(t.iter().count(), 1);
+    }
+
+    #[test]
+    fn resets_are_aborts_and_memory_follows_live_sockets() {
+        use TcpState::*;
+        let mut t = LinkTable::default();
+        t.record_state(&change(
+            CLIENT,
+            Close,
+            SynSent,
+            true,
+            "127.0.0.1:42000",
+            "127.0.0.1:81",
+        ));
+        t.record_state(&change(
+            CLIENT,
+            SynSent,
+            Close,
+            false,
+            "127.0.0.1:42000",
+            "127.0.0.1:81",
+        ));
+        let r = row(&t, Some(CLIENT), "→ 127.0.0.1:81");
+        assert_eq!((r.opens.total, r.closes.total, r.aborts.total), (1, 1, 1));
+        assert_eq!(t.remembered(), 0);
+        // Closers expire once their sockets leave TIME_WAIT.
+        for p in 43000..43100 {
+            connection(&mut t, p, CLIENT);
+        }
+        t.observe(&[]);
+        t.observe(&[]);
+        assert_eq!(t.remembered(), 0);
+    }
+}
