@@ -1,7 +1,7 @@
 //! What /proc says about processes: the userspace half of process selection
 //! (the kernel half follows exec and fork).
 
-use std::{fs, path::Path};
+use std::{collections::HashMap, fs, path::Path};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcInfo {
@@ -80,6 +80,34 @@ pub fn socket_inodes(pid: u32) -> Vec<u64> {
         .collect()
 }
 
+/// The TcpExt counters of /proc/net/netstat (cumulative since boot, for the
+/// whole machine): `ListenOverflows`, `ListenDrops`, `TCPTimeWaitOverflow`…
+pub fn tcp_ext_counters() -> HashMap<String, u64> {
+    fs::read_to_string("/proc/net/netstat")
+        .map(|text| parse_netstat(&text, "TcpExt:"))
+        .unwrap_or_default()
+}
+
+fn parse_netstat(text: &str, section: &str) -> HashMap<String, u64> {
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(section)).collect();
+    let [names, values] = lines[..] else {
+        return HashMap::new();
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .skip(1)
+        .filter_map(|(n, v)| Some((n.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
+/// `net.ipv4.ip_local_port_range`: the ephemeral ports connections use.
+pub fn local_port_range() -> Option<(u16, u16)> {
+    let text = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut it = text.split_whitespace().map(|v| v.parse::<u16>());
+    Some((it.next()?.ok()?, it.next()?.ok()?))
+}
+
 /// The largest pid plus one (`kernel.pid_max`); 2^22, the kernel's ceiling,
 /// if unreadable.
 pub fn pid_max() -> u32 {
@@ -123,6 +151,19 @@ mod tests {
         let status = "Name:\tpostgres\nUmask:\t0077\nState:\tS (sleeping)\nTgid:\t812\nNgid:\t0\nPid:\t813\nPPid:\t1\n";
         assert_eq!(parse_status(status), Some((812, 1)));
         assert_eq!(parse_status("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn parses_tcp_ext_counters() {
+        let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 7 9\nIpExt: InNoRoutes\nIpExt: 3\n";
+        let c = parse_netstat(text, "TcpExt:");
+        assert_eq!(c["ListenOverflows"], 7);
+        assert_eq!(c["ListenDrops"], 9);
+        assert_eq!(c.len(), 3);
+        assert!(parse_netstat("garbage", "TcpExt:").is_empty());
+        assert!(tcp_ext_counters().contains_key("ListenOverflows"));
+        let (lo, hi) = local_port_range().unwrap();
+        assert!(lo < hi);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::{
     cli::WatchArgs,
     model::{
         event::Event,
+        links::{KernelCounters, Listener},
         process::{LiveProcess, ProcessTable},
         report::{Report, ReportKind},
         selector::Selector,
@@ -203,8 +204,29 @@ pub fn observe_sockets(probes: &mut Probes, table: &mut ProcessTable) -> Result<
     for (&port, &owner) in &listeners {
         probes.set_listen_owner(port, owner)?;
     }
+    table.links.listening = sockets
+        .iter()
+        .filter(|s| s.state == TcpState::Listen)
+        .filter_map(|s| {
+            Some(Listener {
+                owner: *listeners.get(&s.local.port())?,
+                local: s.local,
+                backlog: s.backlog,
+                max_backlog: s.max_backlog,
+            })
+        })
+        .collect();
     table.links.set_listeners(listeners);
     table.links.observe(&sockets);
+    let c = procfs::tcp_ext_counters();
+    let get = |name: &str| c.get(name).copied().unwrap_or(0);
+    table.links.set_counters(KernelCounters {
+        listen_overflows: get("ListenOverflows"),
+        listen_drops: get("ListenDrops"),
+        time_wait_overflows: get("TCPTimeWaitOverflow"),
+    });
+    table.links.ephemeral_ports =
+        procfs::local_port_range().map(|(lo, hi)| u32::from(hi.saturating_sub(lo)) + 1);
     Ok(())
 }
 

@@ -67,6 +67,40 @@ pub struct LinkStats {
 
 type Tuple = (SocketAddr, SocketAddr);
 
+/// A listening socket of a watched process, from the last snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listener {
+    pub owner: u32,
+    pub local: SocketAddr,
+    /// Connections established and waiting to be accepted, and the limit.
+    pub backlog: u32,
+    pub max_backlog: u32,
+}
+
+/// Machine-wide TcpExt counters (cumulative since boot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    /// Connections dropped because an accept queue was full.
+    pub listen_overflows: u64,
+    pub listen_drops: u64,
+    /// Sockets that closed without TIME_WAIT because the TIME_WAIT table was full.
+    pub time_wait_overflows: u64,
+}
+
+impl KernelCounters {
+    pub fn since(&self, earlier: &KernelCounters) -> KernelCounters {
+        KernelCounters {
+            listen_overflows: self
+                .listen_overflows
+                .saturating_sub(earlier.listen_overflows),
+            listen_drops: self.listen_drops.saturating_sub(earlier.listen_drops),
+            time_wait_overflows: self
+                .time_wait_overflows
+                .saturating_sub(earlier.time_wait_overflows),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct LinkTable {
     links: BTreeMap<LinkKey, LinkStats>,
@@ -80,6 +114,12 @@ pub struct LinkTable {
     snapshots: u64,
     /// Watched listeners: port → owner.
     listeners: HashMap<u16, u32>,
+    /// Watched processes' listening sockets, from the last snapshot.
+    pub listening: Vec<Listener>,
+    /// Kernel counters at the start, at the start of the interval, and now.
+    pub counters: Option<(KernelCounters, KernelCounters, KernelCounters)>,
+    /// Ephemeral ports (ip_local_port_range), when readable.
+    pub ephemeral_ports: Option<u32>,
 }
 
 fn is_abort(old: TcpState, new: TcpState) -> bool {
@@ -194,8 +234,19 @@ impl LinkTable {
         self.links.iter()
     }
 
+    /// Records the machine's TcpExt counters now.
+    pub fn set_counters(&mut self, now: KernelCounters) {
+        self.counters = Some(match self.counters {
+            Some((start, interval_start, _)) => (start, interval_start, now),
+            None => (now, now, now),
+        });
+    }
+
     /// Starts a new interval; links with nothing left to show are dropped.
     pub fn reset_interval(&mut self) {
+        if let Some((start, _, now)) = self.counters {
+            self.counters = Some((start, now, now));
+        }
         self.links.retain(|_, s| {
             s.time_wait > 0
                 || s.opens.interval + s.closes.interval + s.new_time_wait.interval > 0
@@ -395,6 +446,26 @@ mod tests {
         let unknown = row(&t, None, "127.0.0.1:80 ← 127.0.0.1");
         assert_eq!(unknown.time_wait, 1);
         assert_eq!(t.iter().count(), 1);
+    }
+
+    #[test]
+    fn kernel_counters_per_interval_and_since_the_start() {
+        let mut t = LinkTable::default();
+        let at = |n| KernelCounters {
+            listen_overflows: n,
+            listen_drops: n,
+            time_wait_overflows: 0,
+        };
+        t.set_counters(at(100));
+        t.set_counters(at(105));
+        let (start, interval, now) = t.counters.unwrap();
+        assert_eq!(now.since(&start).listen_overflows, 5);
+        assert_eq!(now.since(&interval).listen_overflows, 5);
+        t.reset_interval();
+        t.set_counters(at(107));
+        let (start, interval, now) = t.counters.unwrap();
+        assert_eq!(now.since(&interval).listen_overflows, 2);
+        assert_eq!(now.since(&start).listen_overflows, 7);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::{
     histogram::{LatencyHistogram, Log2Bucket, Summary},
+    links::Side,
     process::{Activity, Counter, Metric, ProcessTable},
 };
 
@@ -76,6 +77,8 @@ pub struct Report {
     pub roles: Vec<RoleRow>,
     /// Live processes that have accepted anything.
     pub processes: Vec<ProcessRow>,
+    /// Connections, listeners and the kernel's TCP counters.
+    pub tcp: TcpReport,
     /// Per-program BPF run-time statistics, with `--probe-cost` only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub probe_cost: Vec<ProgramCost>,
@@ -149,6 +152,61 @@ pub struct ProcessRow {
 }
 
 pub const ACCEPT_METRIC: &str = "accept_latency";
+
+/// A share of the ephemeral ports held in TIME_WAIT towards one service at or
+/// above which a link is warned about.
+pub const PORT_PRESSURE_WARNING: f64 = 0.5;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TcpReport {
+    pub links: Vec<LinkRow>,
+    pub listeners: Vec<ListenerRow>,
+    /// Machine-wide TcpExt counters (not per process: the kernel keeps them
+    /// for the whole network namespace).
+    pub kernel: KernelRow,
+    /// Size of ip_local_port_range, when readable.
+    pub ephemeral_ports: Option<u32>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LinkRow {
+    /// The process that owns the link's sockets; null when unknown (for
+    /// TIME_WAIT sockets whose closer was not seen).
+    pub pid: Option<u32>,
+    pub process: Option<String>,
+    /// `active` (it connected out) or `passive` (it accepted).
+    pub side: &'static str,
+    /// `→ 127.0.0.1:5432` or `127.0.0.1:5432 ← 127.0.0.1`.
+    pub link: String,
+    /// TIME_WAIT sockets now, left by this process closing first.
+    pub time_wait: u64,
+    pub new_time_wait: CountRow,
+    pub new_time_wait_per_s: f64,
+    pub opens: CountRow,
+    pub closes: CountRow,
+    /// Connections that ended without the FIN handshake (reset, refused).
+    pub aborts: CountRow,
+    /// For active links: TIME_WAIT sockets as a share of the ephemeral ports.
+    pub port_pressure: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ListenerRow {
+    pub pid: u32,
+    pub process: Option<String>,
+    pub address: String,
+    /// Connections established and waiting to be accepted now, and the limit.
+    pub backlog: u32,
+    pub max_backlog: u32,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct KernelRow {
+    pub listen_overflows: CountRow,
+    pub listen_drops: CountRow,
+    pub time_wait_overflows: CountRow,
+}
 
 struct Period {
     kind: ReportKind,
@@ -237,6 +295,7 @@ impl Report {
             })
             .collect();
         processes.sort_by(|a, b| b.total.cmp(&a.total).then(a.pid.cmp(&b.pid)));
+        let tcp = tcp_report(&p, table);
         Self {
             kind,
             elapsed_s: elapsed.as_secs_f64(),
@@ -246,8 +305,98 @@ impl Report {
             drops_by_cause: drops,
             roles,
             processes,
+            tcp,
             probe_cost: Vec::new(),
         }
+    }
+}
+
+fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
+    let links = &table.links;
+    let name = |pid: u32| table.get(pid).map(|proc| proc.name.clone());
+    let ports = links.ephemeral_ports;
+    let mut rows: Vec<LinkRow> = links
+        .iter()
+        .map(|(key, st)| {
+            let new_time_wait = p.count(&st.new_time_wait);
+            LinkRow {
+                pid: key.owner,
+                process: key.owner.and_then(name),
+                side: match key.side {
+                    Side::Active => "active",
+                    Side::Passive => "passive",
+                },
+                link: key.peer.clone(),
+                time_wait: st.time_wait,
+                new_time_wait_per_s: p.rate(new_time_wait.count),
+                new_time_wait,
+                opens: p.count(&st.opens),
+                closes: p.count(&st.closes),
+                aborts: p.count(&st.aborts),
+                port_pressure: match (key.side, ports) {
+                    (Side::Active, Some(n)) if n > 0 => Some(st.time_wait as f64 / f64::from(n)),
+                    _ => None,
+                },
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.time_wait
+            .cmp(&a.time_wait)
+            .then(b.opens.total.cmp(&a.opens.total))
+            .then(a.link.cmp(&b.link))
+    });
+    let warnings = rows
+        .iter()
+        .filter(|r| r.port_pressure.is_some_and(|x| x >= PORT_PRESSURE_WARNING))
+        .map(|r| {
+            format!(
+                "{}[{}] {} holds {} TIME_WAIT sockets, {:.0}% of the {} ephemeral ports: new connections to it will start failing; reuse connections (keepalive, a pool)",
+                r.process.as_deref().unwrap_or("?"),
+                r.pid.map_or("?".into(), |p| p.to_string()),
+                r.link,
+                r.time_wait,
+                r.port_pressure.unwrap_or(0.0) * 100.0,
+                ports.unwrap_or(0)
+            )
+        })
+        .collect();
+    let kernel = links
+        .counters
+        .map_or(KernelRow::default(), |(start, interval, now)| {
+            let (since_start, in_interval) = (now.since(&start), now.since(&interval));
+            let row = |total: u64, interval: u64| CountRow {
+                count: match p.kind {
+                    ReportKind::Interval => interval,
+                    ReportKind::Summary => total,
+                },
+                total,
+            };
+            KernelRow {
+                listen_overflows: row(since_start.listen_overflows, in_interval.listen_overflows),
+                listen_drops: row(since_start.listen_drops, in_interval.listen_drops),
+                time_wait_overflows: row(
+                    since_start.time_wait_overflows,
+                    in_interval.time_wait_overflows,
+                ),
+            }
+        });
+    TcpReport {
+        links: rows,
+        listeners: links
+            .listening
+            .iter()
+            .map(|l| ListenerRow {
+                pid: l.owner,
+                process: name(l.owner),
+                address: l.local.to_string(),
+                backlog: l.backlog,
+                max_backlog: l.max_backlog,
+            })
+            .collect(),
+        kernel,
+        ephemeral_ports: ports,
+        warnings,
     }
 }
 
@@ -431,6 +580,71 @@ mod tests {
         assert_eq!(workers.processes, 3);
         assert_eq!(workers.exited, CountRow { count: 7, total: 7 });
         assert_eq!(workers.forks_per_accept, None);
+    }
+
+    #[test]
+    fn a_link_near_port_exhaustion_is_warned_about() {
+        use crate::model::{
+            event::TcpStateSample,
+            sockets::{TcpSock, TcpState},
+        };
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[LiveProcess {
+            pid: 7,
+            name: "nginx".into(),
+            title: None,
+            parent: None,
+        }]);
+        t.links.ephemeral_ports = Some(100);
+        let server: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let mut snapshot = Vec::new();
+        for port in 0..60u16 {
+            let local: std::net::SocketAddr =
+                format!("127.0.0.1:{}", 40000 + port).parse().unwrap();
+            t.links.record_state(&TcpStateSample {
+                owner: 7,
+                old: TcpState::Close,
+                new: TcpState::SynSent,
+                by_owner: true,
+                local,
+                remote: server,
+                ts_ns: 0,
+            });
+            t.links.record_state(&TcpStateSample {
+                owner: 7,
+                old: TcpState::Established,
+                new: TcpState::FinWait1,
+                by_owner: true,
+                local,
+                remote: server,
+                ts_ns: 0,
+            });
+            snapshot.push(TcpSock {
+                state: TcpState::TimeWait,
+                local,
+                remote: server,
+                ino: 0,
+                backlog: 0,
+                max_backlog: 0,
+            });
+        }
+        t.links.observe(&snapshot);
+        let r = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+            Drops::default(),
+        );
+        let link = &r.tcp.links[0];
+        assert_eq!(
+            (link.pid, link.link.as_str(), link.time_wait),
+            (Some(7), "→ 127.0.0.1:8080", 60)
+        );
+        assert_eq!(link.new_time_wait_per_s, 30.0);
+        assert_eq!(link.port_pressure, Some(0.6));
+        assert_eq!(r.tcp.warnings.len(), 1);
+        assert!(r.tcp.warnings[0].starts_with("nginx[7] → 127.0.0.1:8080 holds 60 TIME_WAIT sockets, 60% of the 100 ephemeral ports"), "{}", r.tcp.warnings[0]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use crate::model::{
     histogram::{Log2Bucket, Summary},
-    report::{Report, ReportKind, RoleRow},
+    report::{Report, ReportKind, RoleRow, TcpReport},
 };
 
 const BAR_WIDTH: u64 = 40;
@@ -52,6 +52,7 @@ pub fn render(report: &Report) -> String {
     for role in &report.roles {
         out.push_str(&role_block(role));
     }
+    out.push_str(&tcp_block(&report.tcp));
     if report.processes.is_empty() {
         out.push_str("no accepts yet\n");
     } else {
@@ -135,6 +136,70 @@ fn role_block(r: &RoleRow) -> String {
         if m.latency.count > 0 {
             let _ = writeln!(out, "  {label:<15} {}", percentile_line(&m.latency));
         }
+    }
+    out
+}
+
+fn tcp_block(tcp: &TcpReport) -> String {
+    let mut out = String::new();
+    if !tcp.links.is_empty() {
+        out.push_str("connections:\n");
+    }
+    for l in &tcp.links {
+        let who = match (&l.process, l.pid) {
+            (Some(name), Some(pid)) => format!("{name}[{pid}]"),
+            (None, Some(pid)) => format!("[{pid}]"),
+            _ => "unknown".to_string(),
+        };
+        let _ = write!(out, "  {who} {}  TIME_WAIT {}", l.link, l.time_wait);
+        if l.new_time_wait.total > 0 {
+            let _ = write!(
+                out,
+                " (+{}, {:.1}/s)",
+                l.new_time_wait.count, l.new_time_wait_per_s
+            );
+        }
+        if l.opens.total + l.closes.total > 0 {
+            let _ = write!(
+                out,
+                "  opens {}  closes {}  aborts {}",
+                l.opens.count, l.closes.count, l.aborts.count
+            );
+        }
+        if let Some(p) = l.port_pressure.filter(|&p| p > 0.0) {
+            let _ = write!(out, "  ephemeral ports {:.1}%", p * 100.0);
+        }
+        out.push('\n');
+    }
+    if !tcp.listeners.is_empty() {
+        out.push_str("listeners:\n");
+    }
+    for l in &tcp.listeners {
+        let _ = writeln!(
+            out,
+            "  {}[{}] {}  backlog {}/{}{}",
+            l.process.as_deref().unwrap_or("?"),
+            l.pid,
+            l.address,
+            l.backlog,
+            l.max_backlog,
+            if l.backlog >= l.max_backlog && l.max_backlog > 0 {
+                "  FULL"
+            } else {
+                ""
+            }
+        );
+    }
+    let k = &tcp.kernel;
+    if k.listen_overflows.total + k.listen_drops.total + k.time_wait_overflows.total > 0 {
+        let _ = writeln!(
+            out,
+            "kernel (whole machine): listen overflows {}  listen drops {}  TIME_WAIT overflows {}",
+            k.listen_overflows.count, k.listen_drops.count, k.time_wait_overflows.count
+        );
+    }
+    for w in &tcp.warnings {
+        let _ = writeln!(out, "WARNING: {w}");
     }
     out
 }
