@@ -235,3 +235,93 @@ fn a_server_that_closes_first_owns_the_time_wait_sockets() {
     );
     server.stop();
 }
+
+#[test]
+fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted() {
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+    // Tells the kernel the server owns its listening port.
+    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+
+    // Prompt: each connection is accepted right after it queued.
+    server.accept_queued(5, false, "accept4");
+    s.collect();
+    let prompt = s
+        .table
+        .get(server.pid)
+        .unwrap()
+        .activity
+        .accept_queue
+        .total
+        .summary();
+    assert_eq!(prompt.count, 5);
+    assert!(
+        prompt.max_ns < 100_000_000,
+        "a prompt accept waited {}ns",
+        prompt.max_ns
+    );
+
+    // Slow: the connection waits 300 ms in the queue.
+    let mut c = std::net::TcpStream::connect(&server.tcp).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    server.send("accept 1 tcp accept4");
+    read_byte_then_eof(&mut c);
+    server.wait_accepted(1);
+    s.collect();
+    let all = &s.table.get(server.pid).unwrap().activity.accept_queue.total;
+    assert_eq!(all.count(), 6);
+    let slow = all.summary().max_ns;
+    assert!(
+        (300_000_000..2_000_000_000).contains(&slow),
+        "the queued connection waited {slow}ns"
+    );
+    server.stop();
+}
+
+#[test]
+fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
+    let _lock = probe_lock();
+    let mut server = Server::start_args(
+        Path::new(LOOPBACK),
+        &["--tcp", "127.0.0.1:0", "--backlog", "2"],
+        None,
+    );
+    let mut s = Session::start();
+    s.probes.watch_pid(server.pid).unwrap();
+    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+
+    // The server never accepts: the queue fills, then the kernel drops.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        if let Ok(c) = std::net::TcpStream::connect_timeout(
+            &server.tcp.parse().unwrap(),
+            Duration::from_millis(300),
+        ) {
+            held.push(c);
+        }
+    }
+    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+    let listener = s
+        .table
+        .links
+        .listening
+        .iter()
+        .find(|l| l.owner == server.pid)
+        .expect("the server's listener");
+    assert_eq!(listener.max_backlog, 2);
+    assert!(
+        listener.backlog >= listener.max_backlog,
+        "depth {} of {}",
+        listener.backlog,
+        listener.max_backlog
+    );
+    let (start, _, now) = s.table.links.counters.unwrap();
+    assert!(
+        now.since(&start).listen_overflows > 0,
+        "no listen overflow counted"
+    );
+    drop(held);
+    server.stop();
+}

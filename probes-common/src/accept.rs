@@ -9,6 +9,20 @@ pub const ACCEPT_START_MAP: &str = "ACCEPT_START";
 /// Global holding the offset of `ret` in `sys_exit_accept{,4}`.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "ACCEPT_EXIT_RET_OFFSET";
 
+/// Offsets for walking from the accepted fd to its socket
+/// (current->files->fdt->fd[fd]->private_data->sk), from BTF.
+pub const FD_WALK_GLOBALS: [&str; 5] = [
+    "TASK_FILES",
+    "FILES_FDT",
+    "FDTABLE_FD",
+    "FILE_PRIVATE_DATA",
+    "SOCKET_SK",
+];
+
+/// `queue_wait_ns` when the accepted connection's establishment was not seen
+/// (a unix socket, an unwatched listener, or established before attach).
+pub const QUEUE_WAIT_UNKNOWN: u64 = u64::MAX;
+
 /// Programs and the tracepoints each one attaches to.
 pub const ENTER_PROGRAM: &str = "accept_enter";
 pub const EXIT_PROGRAM: &str = "accept_exit";
@@ -38,6 +52,9 @@ pub struct AcceptEvent {
     pub start_ns: u64,
     /// Time spent inside the syscall, including any wait for a connection.
     pub latency_ns: u64,
+    /// Accept-queue wait: from the TCP handshake completing to this accept
+    /// returning it, or [`QUEUE_WAIT_UNKNOWN`].
+    pub queue_wait_ns: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
 

@@ -3,24 +3,61 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+    },
     macros::{map, tracepoint},
     maps::Array,
     programs::TracePointContext,
 };
 use probes_common::{
     DEFAULT_SLOTS,
-    accept::{AcceptEvent, AcceptStart},
+    accept::{AcceptEvent, AcceptStart, QUEUE_WAIT_UNKNOWN},
     event::EventKind,
     stats::Stat,
 };
 
-use crate::{events, slots, watch::is_watched};
+use crate::{events, slots, sock, watch::is_watched};
 
 #[map]
 static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 #[unsafe(no_mangle)]
 static ACCEPT_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
+
+#[unsafe(no_mangle)]
+static TASK_FILES: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static FILES_FDT: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static FDTABLE_FD: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static FILE_PRIVATE_DATA: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SOCKET_SK: Global<u32> = Global::new(0);
+
+#[inline(always)]
+unsafe fn deref(base: u64, offset: &Global<u32>) -> Option<u64> {
+    if base == 0 {
+        return None;
+    }
+    unsafe { bpf_probe_read_kernel((base + u64::from(offset.load())) as *const u64) }.ok()
+}
+
+/// The `struct sock` behind the caller's file descriptor `fd`:
+/// current->files->fdt->fd[fd]->private_data (a struct socket)->sk.
+#[inline(always)]
+fn sock_of_fd(fd: u32) -> Option<u64> {
+    unsafe {
+        let task = bpf_get_current_task();
+        let files = deref(task, &TASK_FILES)?;
+        let fdt = deref(files, &FILES_FDT)?;
+        let fds = deref(fdt, &FDTABLE_FD)?;
+        let file = bpf_probe_read_kernel((fds + u64::from(fd) * 8) as *const u64).ok()?;
+        let socket = deref(file, &FILE_PRIVATE_DATA)?;
+        deref(socket, &SOCKET_SK)
+    }
+}
 
 #[inline(always)]
 fn slot(tid: u32) -> Option<&'static mut AcceptStart> {
@@ -69,6 +106,9 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         // EAGAIN from a non-blocking listener, EINTR, ...: no connection was accepted.
         return 0;
     }
+    let queue_wait_ns = sock_of_fd(ret as u32)
+        .and_then(sock::take_established)
+        .map_or(QUEUE_WAIT_UNKNOWN, |at| now.saturating_sub(at));
     let Some(mut entry) = events::reserve::<AcceptEvent>() else {
         return 0;
     };
@@ -79,6 +119,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         conn_fd: ret as i32,
         start_ns,
         latency_ns: now.saturating_sub(start_ns),
+        queue_wait_ns,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     events::submit(entry);

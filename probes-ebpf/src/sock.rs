@@ -146,6 +146,19 @@ static TRACKED: LruHashMap<u64, u32> = LruHashMap::with_max_entries(TRACKED_MAX_
 #[map]
 static LISTEN_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(LISTEN_OWNERS_MAX_ENTRIES, 0);
 
+/// When connections to watched listeners completed their handshake, by
+/// socket: the accept probe turns it into the accept-queue wait.
+#[map]
+static ESTABLISHED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
+
+/// When `sk` entered its listener's accept queue, if seen; forgets it.
+#[inline(always)]
+pub fn take_established(sk: u64) -> Option<u64> {
+    let at = unsafe { ESTABLISHED_AT.get(sk) }.copied()?;
+    let _ = ESTABLISHED_AT.remove(sk);
+    Some(at)
+}
+
 const IPPROTO_TCP: u16 = 6;
 
 /// Changes only the owner's own syscalls make (connect, listen, close,
@@ -201,8 +214,13 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         return 0;
     };
 
+    let ts_ns = unsafe { bpf_ktime_get_ns() };
+    if old == TCP_SYN_RECV as i32 && new == TCP_ESTABLISHED as i32 {
+        let _ = ESTABLISHED_AT.insert(sk, ts_ns, 0);
+    }
     if new == TCP_CLOSE as i32 {
         let _ = TRACKED.remove(sk);
+        let _ = ESTABLISHED_AT.remove(sk);
         if old == TCP_LISTEN as i32 {
             let _ = LISTEN_OWNERS.remove(u32::from(lport));
         }
@@ -240,7 +258,7 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         _pad2: 0,
         laddr,
         raddr,
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns,
     });
     events::submit(entry);
     0

@@ -13,6 +13,9 @@ pub struct AcceptSample {
     pub comm: String,
     pub conn_fd: i32,
     pub latency_ns: u64,
+    /// From the TCP handshake completing to this accept returning it; None
+    /// when not seen (unix sockets, connections established before attach).
+    pub queue_wait_ns: Option<u64>,
 }
 
 /// What a clone created, from its flags.

@@ -65,6 +65,8 @@ impl Counter {
 #[derive(Clone, Debug, Default)]
 pub struct Activity {
     pub accept: Metric,
+    /// Accept-queue wait of the connections accepted.
+    pub accept_queue: Metric,
     /// Latency of clones that created a process (count = processes forked).
     pub fork: Metric,
     /// Latency of clones that created a thread (count = threads created).
@@ -86,9 +88,15 @@ pub struct Activity {
 impl Activity {
     /// Nothing recorded since the start.
     pub fn is_empty(&self) -> bool {
-        [&self.accept, &self.fork, &self.thread, &self.child_lifetime]
-            .iter()
-            .all(|m| m.total.is_empty())
+        [
+            &self.accept,
+            &self.accept_queue,
+            &self.fork,
+            &self.thread,
+            &self.child_lifetime,
+        ]
+        .iter()
+        .all(|m| m.total.is_empty())
             && [
                 self.fork_unknown,
                 self.fork_failed,
@@ -102,6 +110,7 @@ impl Activity {
 
     pub fn add(&mut self, other: &Activity) {
         self.accept.add(&other.accept);
+        self.accept_queue.add(&other.accept_queue);
         self.fork.add(&other.fork);
         self.thread.add(&other.thread);
         self.fork_unknown.add(&other.fork_unknown);
@@ -114,6 +123,7 @@ impl Activity {
 
     fn reset_interval(&mut self) {
         self.accept.reset_interval();
+        self.accept_queue.reset_interval();
         self.fork.reset_interval();
         self.thread.reset_interval();
         self.child_lifetime.reset_interval();
@@ -213,6 +223,9 @@ impl ProcessTable {
         let proc = self.entry(sample.tgid, &sample.comm);
         proc.watched = true;
         proc.activity.accept.record(sample.latency_ns);
+        if let Some(wait) = sample.queue_wait_ns {
+            proc.activity.accept_queue.record(wait);
+        }
     }
 
     fn record_fork(&mut self, s: &ForkSample) {
@@ -421,6 +434,7 @@ mod tests {
             comm: format!("srv{tgid}"),
             conn_fd: 4,
             latency_ns: ns,
+            queue_wait_ns: None,
         })
     }
 

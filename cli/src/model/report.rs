@@ -110,6 +110,9 @@ pub struct RoleRow {
     /// Some of their pids (at most [`PIDS_SHOWN`]).
     pub pids: Vec<u32>,
     pub accept: MetricRow,
+    /// Accept-queue wait: from the handshake completing to the accept
+    /// returning the connection (TCP connections to watched listeners).
+    pub accept_queue: MetricRow,
     /// Clones that created a process: fork latency as the parent sees it.
     pub fork: MetricRow,
     /// Clones that created a thread.
@@ -410,6 +413,7 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
         processes: pids.len(),
         pids: pids.iter().copied().take(PIDS_SHOWN).collect(),
         accept,
+        accept_queue: p.metric(&a.accept_queue),
         fork,
         thread: p.metric(&a.thread),
         fork_unknown: p.count(&a.fork_unknown),
@@ -438,6 +442,7 @@ mod tests {
             comm: comm.into(),
             conn_fd: 5,
             latency_ns: ns,
+            queue_wait_ns: None,
         })
     }
 

@@ -5,10 +5,11 @@ use anyhow::Result;
 use aya::Ebpf;
 use probes_common::accept::{
     ACCEPT_START_MAP, AcceptEvent, ENTER_PROGRAM, ENTER_TRACEPOINTS, EXIT_PROGRAM,
-    EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS,
+    EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FD_WALK_GLOBALS, QUEUE_WAIT_UNKNOWN,
 };
 
 use super::{
+    btf::KernelBtf,
     events::{comm_to_string, read_record},
     loader::{Setup, attach_tracepoints},
     tracefs::Tracefs,
@@ -17,10 +18,19 @@ use crate::model::event::AcceptSample;
 
 /// The `ret` offset from this kernel's tracepoint layouts (one program serves
 /// accept and accept4, so their layouts must agree), and the in-flight slots.
-pub fn setup(tracefs: &Tracefs, slots: u32) -> Result<Setup> {
+pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
     let ret = tracefs.same_offset("syscalls", &EXIT_TRACEPOINTS, "ret", 8)?;
+    let fd_walk = [
+        btf.member_offset("task_struct", "files")?,
+        btf.member_offset("files_struct", "fdt")?,
+        btf.member_offset("fdtable", "fd")?,
+        btf.member_offset("file", "private_data")?,
+        btf.member_offset("socket", "sk")?,
+    ];
+    let mut globals = vec![(EXIT_RET_OFFSET_GLOBAL, ret)];
+    globals.extend(FD_WALK_GLOBALS.iter().copied().zip(fd_walk));
     Ok(Setup {
-        globals: vec![(EXIT_RET_OFFSET_GLOBAL, ret)],
+        globals,
         map_sizes: vec![(ACCEPT_START_MAP, slots)],
     })
 }
@@ -38,6 +48,7 @@ pub fn decode(bytes: &[u8]) -> Option<AcceptSample> {
         comm: comm_to_string(&e.comm),
         conn_fd: e.conn_fd,
         latency_ns: e.latency_ns,
+        queue_wait_ns: (e.queue_wait_ns != QUEUE_WAIT_UNKNOWN).then_some(e.queue_wait_ns),
     })
 }
 
@@ -57,6 +68,7 @@ mod tests {
             conn_fd: 9,
             start_ns: 100,
             latency_ns: 4242,
+            queue_wait_ns: QUEUE_WAIT_UNKNOWN,
             comm,
         };
         // SAFETY: reading the bytes of a plain-old-data struct without padding.
@@ -71,7 +83,8 @@ mod tests {
                 tid: 8,
                 comm: "postgres".into(),
                 conn_fd: 9,
-                latency_ns: 4242
+                latency_ns: 4242,
+                queue_wait_ns: None,
             }
         );
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());

@@ -58,11 +58,12 @@ impl Probes {
         let tracefs = Tracefs::open_or_mount()?;
 
         let slots = slot_count(procfs::pid_max());
+        let kernel_btf = KernelBtf::from_file(&preflight::btf_path())?;
         let setups = [
-            accept::setup(&tracefs, slots)?,
+            accept::setup(&tracefs, &kernel_btf, slots)?,
             fork::setup(&tracefs, slots)?,
             watch::setup(&tracefs)?,
-            sock::setup(&KernelBtf::from_file(&preflight::btf_path())?, &tracefs)?,
+            sock::setup(&kernel_btf, &tracefs)?,
         ];
         let mut loader = EbpfLoader::new();
         loader.btf(Some(&btf));

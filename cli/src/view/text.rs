@@ -129,6 +129,7 @@ fn role_block(r: &RoleRow) -> String {
     out.push('\n');
     for (label, m) in [
         ("accept latency", &r.accept),
+        ("accept queue", &r.accept_queue),
         ("fork latency", &r.fork),
         ("thread latency", &r.thread),
         ("child lifetime", &r.child_lifetime),
@@ -292,6 +293,7 @@ mod tests {
                 comm: "postgres".into(),
                 conn_fd: 7,
                 latency_ns: ns,
+                queue_wait_ns: None,
             }));
             t.apply(&Event::Spawn(SpawnSample {
                 parent_tgid: 42,

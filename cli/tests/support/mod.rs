@@ -121,8 +121,13 @@ impl Server {
 
     /// Starts the loopback server listening on `tcp` (e.g. `[::1]:0`).
     pub fn start_with(program: &Path, tcp: &str, unix: Option<&Path>) -> Self {
+        Self::start_args(program, &["--tcp", tcp], unix)
+    }
+
+    /// Starts the loopback server with extra `serve` arguments.
+    pub fn start_args(program: &Path, args: &[&str], unix: Option<&Path>) -> Self {
         let mut cmd = Command::new(program);
-        cmd.args(["serve", "--tcp", tcp, "--max-seconds", "120"]);
+        cmd.arg("serve").args(args).args(["--max-seconds", "120"]);
         if let Some(path) = unix {
             cmd.arg("--unix").arg(path);
         }
