@@ -283,7 +283,7 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted() {
 #[test]
 fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
     let _lock = probe_lock();
-    let mut server = Server::start_args(
+    let server = Server::start_args(
         Path::new(LOOPBACK),
         &["--tcp", "127.0.0.1:0", "--backlog", "2"],
         None,
