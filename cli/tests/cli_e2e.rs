@@ -322,3 +322,57 @@ fn a_fork_per_connection_server_shows_as_master_with_one_fork_per_accept() {
     assert_eq!(summary["drops"], 0);
     server.stop();
 }
+
+#[test]
+fn json_mode_reports_the_servers_time_wait_sockets_and_listener() {
+    let _lock = probe_lock();
+    require_root();
+    let mut server = Server::start(None);
+    let pid = server.pid;
+    let mut sp = Running::start(&[
+        "watch",
+        "--pid",
+        &pid.to_string(),
+        "--json",
+        "--interval",
+        "300ms",
+    ]);
+    sp.wait_stderr("probes attached");
+    // Let one snapshot find the listener before the traffic.
+    thread::sleep(Duration::from_millis(400));
+    server.accept_queued(12, false, "accept4");
+    thread::sleep(Duration::from_millis(700));
+    sp.signal(libc::SIGINT);
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+
+    let summary = json_lines(&stdout).pop().unwrap();
+    let tcp = &summary["tcp"];
+    let link = format!("{} ← 127.0.0.1", server.tcp);
+    let row = tcp["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["link"] == link.as_str() && l["owner"] == "stackprobe-loop")
+        .unwrap_or_else(|| panic!("no link {link} in {tcp}"));
+    assert_eq!(row["time_wait"], 12, "{row}");
+    assert_eq!(row["side"], "passive");
+    assert_eq!(row["opens"]["total"], 12);
+    assert_eq!(row["closes"]["total"], 12);
+    let listener = tcp["listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["address"] == server.tcp.as_str())
+        .unwrap_or_else(|| panic!("no listener in {tcp}"));
+    assert_eq!(listener["pid"], pid);
+    assert!(tcp["sockets"].as_u64().unwrap() >= 13);
+    let master = summary["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pids"] == serde_json::json!([pid]))
+        .unwrap();
+    assert_eq!(master["accept_queue"]["count"], 12);
+    server.stop();
+}

@@ -97,6 +97,7 @@ fn observe_until(s: &mut Session, done: impl Fn(&Session) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         s.collect();
+        s.sync();
         stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
         if done(s) || Instant::now() > deadline {
             return;
@@ -105,20 +106,20 @@ fn observe_until(s: &mut Session, done: impl Fn(&Session) -> bool) {
     }
 }
 
-fn link_time_wait(s: &Session, owner: Option<u32>, peer: &str) -> u64 {
+fn link_time_wait(s: &Session, owner: Option<&str>, peer: &str) -> u64 {
     s.table
         .links
         .iter()
-        .filter(|(k, _)| k.owner == owner && k.peer == peer)
+        .filter(|(k, _)| k.owner.as_deref() == owner && k.peer == peer)
         .map(|(_, st)| st.time_wait)
         .sum()
 }
 
-fn link<'a>(s: &'a Session, owner: u32, peer: &str) -> &'a stackprobe::model::links::LinkStats {
+fn link<'a>(s: &'a Session, owner: &str, peer: &str) -> &'a stackprobe::model::links::LinkStats {
     s.table
         .links
         .iter()
-        .find(|(k, _)| k.owner == Some(owner) && k.peer == peer)
+        .find(|(k, _)| k.owner.as_deref() == Some(owner) && k.peer == peer)
         .map(|(_, st)| st)
         .unwrap_or_else(|| {
             panic!(
@@ -138,8 +139,9 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     let mut server = Server::start(None);
     let mut s = Session::start();
     s.probes.watch_pid(server.pid).unwrap();
-    let selector = stackprobe::model::selector::Selector::new(vec![name], vec![]).unwrap();
+    let selector = stackprobe::model::selector::Selector::new(vec![name.clone()], vec![]).unwrap();
     s.probes.watch_names(&selector.kernel_comm_keys()).unwrap();
+    s.sync();
     stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
 
     let n = 20;
@@ -155,29 +157,30 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let client_pid = {
-        // The client has exited; its pid is the one its links carry.
-        s.collect();
-        let owners: Vec<u32> = s
-            .table
-            .links
-            .iter()
-            .filter_map(|(k, _)| k.owner)
-            .filter(|&o| o != server.pid)
-            .collect();
-        assert!(!owners.is_empty(), "the client's connections were not seen");
-        owners[0]
-    };
+    // The client has exited; its links carry its name (its role).
+    let client_role = name.as_str();
     server.wait_accepted(n);
     let to_server = format!("→ {}", server.tcp);
+    // Each socket enters TIME_WAIT just before its CLOSE change is reported:
+    // wait for both.
     observe_until(&mut s, |s| {
-        link_time_wait(s, Some(client_pid), &to_server) == n
+        link_time_wait(s, Some(client_role), &to_server) == n
+            && s.table.links.iter().any(|(k, st)| {
+                k.owner.as_deref() == Some(client_role)
+                    && k.peer == to_server
+                    && st.closes.total == n
+            })
     });
 
-    let c = link(&s, client_pid, &to_server);
+    let c = link(&s, client_role, &to_server);
     assert_eq!(c.time_wait, n, "TIME_WAIT on the client's link");
     assert_eq!(c.new_time_wait.total, n);
-    assert_eq!((c.opens.total, c.closes.total, c.aborts.total), (n, n, 0));
+    assert_eq!(
+        (c.opens.total, c.closes.total, c.aborts.total),
+        (n, n, 0),
+        "{:?}",
+        s.table.links.iter().collect::<Vec<_>>()
+    );
     // What ss counts for that port pair: every TIME_WAIT socket towards the server.
     let ss = Command::new("ss")
         .args(["-Htan", "state", "time-wait"])
@@ -190,11 +193,11 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     assert_eq!(ss_count as u64, n, "ss disagrees");
     let server_side = format!("{} ← 127.0.0.1", server.tcp);
     assert_eq!(
-        link_time_wait(&s, Some(server.pid), &server_side),
+        link_time_wait(&s, Some("stackprobe-loop"), &server_side),
         0,
         "no TIME_WAIT for the server"
     );
-    let srv = link(&s, server.pid, &server_side);
+    let srv = link(&s, "stackprobe-loop", &server_side);
     assert_eq!(
         (srv.opens.total, srv.closes.total),
         (n, n),
@@ -209,6 +212,7 @@ fn a_server_that_closes_first_owns_the_time_wait_sockets() {
     let mut server = Server::start(None);
     let mut s = Session::start();
     s.probes.watch_pid(server.pid).unwrap();
+    s.sync();
     stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
 
     let n = 15;
@@ -217,10 +221,10 @@ fn a_server_that_closes_first_owns_the_time_wait_sockets() {
     server.accept_queued(n, false, "accept4");
     let server_side = format!("{} ← 127.0.0.1", server.tcp);
     observe_until(&mut s, |s| {
-        link_time_wait(s, Some(server.pid), &server_side) == n
+        link_time_wait(s, Some("stackprobe-loop"), &server_side) == n
     });
 
-    let srv = link(&s, server.pid, &server_side);
+    let srv = link(&s, "stackprobe-loop", &server_side);
     assert_eq!(srv.time_wait, n);
     assert_eq!(
         srv.time_wait as usize,
@@ -290,6 +294,7 @@ fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
     );
     let mut s = Session::start();
     s.probes.watch_pid(server.pid).unwrap();
+    s.sync();
     stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
 
     // The server never accepts: the queue fills, then the kernel drops.

@@ -118,6 +118,8 @@ pub struct TcpStateEvent {
     pub laddr: [u8; 16],
     pub raddr: [u8; 16],
     pub ts_ns: u64,
+    /// The owner's comm when `by_owner` (its own context), else zeros.
+    pub comm: [u8; crate::TASK_COMM_LEN],
 }
 
 #[cfg(feature = "user")]

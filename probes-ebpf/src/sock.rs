@@ -8,7 +8,10 @@ use core::ffi::c_void;
 use aya_ebpf::{
     Global,
     bindings::seq_file,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_seq_write},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_seq_write,
+    },
     macros::{map, tracepoint},
     maps::{HashMap, LruHashMap},
     programs::TracePointContext,
@@ -259,6 +262,11 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         laddr,
         raddr,
         ts_ns,
+        comm: if by_owner {
+            bpf_get_current_comm().unwrap_or([0; 16])
+        } else {
+            [0; 16]
+        },
     });
     events::submit(entry);
     0

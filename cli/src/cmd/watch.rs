@@ -176,6 +176,7 @@ fn build_report(
 /// listening socket (by inode, as `ss -p` does), tells the kernel, and counts
 /// TIME_WAIT sockets per link.
 pub fn observe_sockets(probes: &mut Probes, table: &mut ProcessTable) -> Result<()> {
+    let started = Instant::now();
     let sockets = probes.tcp_sockets()?;
     let listening: HashMap<u64, u16> = sockets
         .iter()
@@ -227,6 +228,7 @@ pub fn observe_sockets(probes: &mut Probes, table: &mut ProcessTable) -> Result<
     });
     table.links.ephemeral_ports =
         procfs::local_port_range().map(|(lo, hi)| u32::from(hi.saturating_sub(lo)) + 1);
+    table.links.last_snapshot = (sockets.len(), started.elapsed().as_micros() as u64);
     Ok(())
 }
 

@@ -80,6 +80,8 @@ pub struct ExitSample {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TcpStateSample {
     pub owner: u32,
+    /// The owner's comm, when the change ran in its context.
+    pub comm: Option<String>,
     pub old: TcpState,
     pub new: TcpState,
     /// The owner's own syscall made the change (connect, listen, close).

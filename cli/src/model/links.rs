@@ -1,6 +1,6 @@
-//! Connections of watched processes, grouped into links (a process and the
-//! service on the other end): opens, closes, aborts, and TIME_WAIT sockets
-//! now and new, attributed to the process that closed first.
+//! Connections of watched processes, grouped into links (the owner's role and
+//! the service on the other end): opens, closes, aborts, and TIME_WAIT
+//! sockets now and new, attributed to the process that closed first.
 //!
 //! State changes come from the `tcp_state` probe; TIME_WAIT sockets (which
 //! that probe never sees) from the TCP iterator's snapshots, joined by
@@ -31,8 +31,8 @@ pub enum Side {
     Passive,
 }
 
-/// Who owns a link: a watched process, or nobody known.
-pub type Owner = Option<u32>;
+/// Who owns a link: a watched process's role, or nobody known.
+pub type Owner = Option<String>;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LinkKey {
@@ -104,11 +104,13 @@ impl KernelCounters {
 #[derive(Clone, Debug, Default)]
 pub struct LinkTable {
     links: BTreeMap<LinkKey, LinkStats>,
-    /// Sockets' sides, learned when they opened (and dropped when they close).
-    sides: HashMap<Tuple, (u32, Side)>,
+    /// Sockets' sides and owners' roles, learned when they opened (and
+    /// dropped when they close): a socket stays on its link even after its
+    /// owner exits.
+    sides: HashMap<Tuple, (Side, String)>,
     /// Who closed first, by 4-tuple: kept while the socket may be or is in
     /// TIME_WAIT. The snapshot number it was learned in, to expire it.
-    closers: HashMap<Tuple, (u32, Side, u64)>,
+    closers: HashMap<Tuple, (String, Side, u64)>,
     /// TIME_WAIT sockets in the last snapshot.
     time_wait: HashSet<Tuple>,
     snapshots: u64,
@@ -120,6 +122,9 @@ pub struct LinkTable {
     pub counters: Option<(KernelCounters, KernelCounters, KernelCounters)>,
     /// Ephemeral ports (ip_local_port_range), when readable.
     pub ephemeral_ports: Option<u32>,
+    /// Sockets in the last snapshot, and how long taking it took (iterator,
+    /// /proc scans and bookkeeping), in µs.
+    pub last_snapshot: (usize, u64),
 }
 
 fn is_abort(old: TcpState, new: TcpState) -> bool {
@@ -153,7 +158,9 @@ impl LinkTable {
         self.links.entry(key).or_default()
     }
 
-    pub fn record_state(&mut self, s: &TcpStateSample) {
+    /// Records a state change of a socket owned by `s.owner`, whose role is
+    /// `owner`.
+    pub fn record_state(&mut self, s: &TcpStateSample, owner: &str) {
         use TcpState::*;
         let tuple = (s.local, s.remote);
         if s.new == Listen || s.old == Listen {
@@ -161,26 +168,31 @@ impl LinkTable {
         }
         // Learn the side at the open; a socket seen first mid-life gets it
         // from whether its port is one of its owner's listeners.
-        let side = match (s.old, s.new) {
-            (Close, SynSent) => Side::Active,
-            (SynRecv, Established) => Side::Passive,
+        let (side, owner) = match (s.old, s.new) {
+            (Close, SynSent) | (SynSent, Established) => (Side::Active, owner.to_string()),
+            (SynRecv, Established) => (Side::Passive, owner.to_string()),
             _ => self
                 .sides
                 .get(&tuple)
-                .map(|&(_, side)| side)
-                .unwrap_or_else(|| self.side_of(s.owner, s.local)),
+                .cloned()
+                .unwrap_or_else(|| (self.side_of(s.owner, s.local), owner.to_string())),
         };
-        let key = LinkKey::new(Some(s.owner), side, s.local, s.remote);
+        let key = LinkKey::new(Some(owner.clone()), side, s.local, s.remote);
         match (s.old, s.new) {
-            (Close, SynSent) | (SynRecv, Established) => {
-                self.sides.insert(tuple, (s.owner, side));
-                if s.new == Established || s.new == SynSent {
-                    self.stats(key).opens.bump();
-                }
+            // connect(): the local port is not chosen yet (the record says
+            // 0), so the socket is remembered once it is established.
+            (Close, SynSent) => self.stats(key).opens.bump(),
+            (SynSent, Established) => {
+                self.sides.insert(tuple, (side, owner));
+            }
+            (SynRecv, Established) => {
+                self.sides.insert(tuple, (side, owner));
+                self.stats(key).opens.bump();
             }
             // The owner closed first: its socket will be in TIME_WAIT.
             (_, FinWait1) if s.by_owner => {
-                self.closers.insert(tuple, (s.owner, side, self.snapshots));
+                self.closers
+                    .insert(tuple, (owner.to_string(), side, self.snapshots));
             }
             (old, Close) => {
                 self.sides.remove(&tuple);
@@ -208,7 +220,9 @@ impl LinkTable {
         }
         for &tuple in &now {
             let key = match self.closers.get(&tuple) {
-                Some(&(owner, side, _)) => LinkKey::new(Some(owner), side, tuple.0, tuple.1),
+                Some((owner, side, _)) => {
+                    LinkKey::new(Some(owner.clone()), *side, tuple.0, tuple.1)
+                }
                 // Not known to be ours unless a watched listener's port.
                 None if self.listeners.contains_key(&tuple.0.port()) => {
                     LinkKey::new(None, Side::Passive, tuple.0, tuple.1)
@@ -278,6 +292,15 @@ mod tests {
     const CLIENT: u32 = 10;
     const SERVER: u32 = 20;
 
+    fn label(owner: u32) -> &'static str {
+        if owner == CLIENT { "client" } else { "server" }
+    }
+
+    fn record(t: &mut LinkTable, s: TcpStateSample) {
+        let owner = label(s.owner);
+        t.record_state(&s, owner);
+    }
+
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
     }
@@ -292,6 +315,7 @@ mod tests {
     ) -> TcpStateSample {
         TcpStateSample {
             owner,
+            comm: None,
             old,
             new,
             by_owner,
@@ -317,68 +341,59 @@ mod tests {
     fn connection(t: &mut LinkTable, p: u16, closer: u32) {
         use TcpState::*;
         let (c, s) = (format!("127.0.0.1:{p}"), "127.0.0.1:80".to_string());
-        t.record_state(&change(CLIENT, Close, SynSent, true, &c, &s));
-        t.record_state(&change(CLIENT, SynSent, Established, false, &c, &s));
-        t.record_state(&change(SERVER, SynRecv, Established, false, &s, &c));
+        // As the kernel reports it: connect() has not picked the port yet.
+        record(t, change(CLIENT, Close, SynSent, true, "127.0.0.1:0", &s));
+        record(t, change(CLIENT, SynSent, Established, false, &c, &s));
+        record(t, change(SERVER, SynRecv, Established, false, &s, &c));
         let (first, first_local, first_remote, other, other_local, other_remote) =
             if closer == CLIENT {
                 (CLIENT, &c, &s, SERVER, &s, &c)
             } else {
                 (SERVER, &s, &c, CLIENT, &c, &s)
             };
-        t.record_state(&change(
-            first,
-            Established,
-            FinWait1,
-            true,
-            first_local,
-            first_remote,
-        ));
-        t.record_state(&change(
-            first,
-            FinWait1,
-            FinWait2,
-            false,
-            first_local,
-            first_remote,
-        ));
-        t.record_state(&change(
-            other,
-            Established,
-            CloseWait,
-            false,
-            other_local,
-            other_remote,
-        ));
-        t.record_state(&change(
-            other,
-            CloseWait,
-            LastAck,
-            true,
-            other_local,
-            other_remote,
-        ));
-        t.record_state(&change(
-            other,
-            LastAck,
-            Close,
-            false,
-            other_local,
-            other_remote,
-        ));
-        t.record_state(&change(
-            first,
-            FinWait2,
-            Close,
-            false,
-            first_local,
-            first_remote,
-        ));
+        record(
+            t,
+            change(
+                first,
+                Established,
+                FinWait1,
+                true,
+                first_local,
+                first_remote,
+            ),
+        );
+        record(
+            t,
+            change(first, FinWait1, FinWait2, false, first_local, first_remote),
+        );
+        record(
+            t,
+            change(
+                other,
+                Established,
+                CloseWait,
+                false,
+                other_local,
+                other_remote,
+            ),
+        );
+        record(
+            t,
+            change(other, CloseWait, LastAck, true, other_local, other_remote),
+        );
+        record(
+            t,
+            change(other, LastAck, Close, false, other_local, other_remote),
+        );
+        record(
+            t,
+            change(first, FinWait2, Close, false, first_local, first_remote),
+        );
     }
 
-    fn row<'a>(t: &'a LinkTable, owner: Owner, peer: &str) -> &'a LinkStats {
+    fn row<'a>(t: &'a LinkTable, owner: Option<&str>, peer: &str) -> &'a LinkStats {
         t.iter()
-            .find(|(k, _)| k.owner == owner && k.peer == peer)
+            .find(|(k, _)| k.owner.as_deref() == owner && k.peer == peer)
             .map(|(_, s)| s)
             .unwrap_or_else(|| panic!("no link {owner:?} {peer}: {:?}", t.links))
     }
@@ -394,13 +409,13 @@ mod tests {
             .map(|p| time_wait(&format!("127.0.0.1:{p}"), "127.0.0.1:80"))
             .collect();
         t.observe(&snapshot);
-        let client = row(&t, Some(CLIENT), "→ 127.0.0.1:80");
+        let client = row(&t, Some("client"), "→ 127.0.0.1:80");
         assert_eq!((client.time_wait, client.new_time_wait.interval), (5, 5));
         assert_eq!(
             (client.opens.total, client.closes.total, client.aborts.total),
             (5, 5, 0)
         );
-        let server = row(&t, Some(SERVER), "127.0.0.1:80 ← 127.0.0.1");
+        let server = row(&t, Some("server"), "127.0.0.1:80 ← 127.0.0.1");
         assert_eq!(
             (server.time_wait, server.opens.total, server.closes.total),
             (0, 5, 5)
@@ -409,12 +424,12 @@ mod tests {
         t.reset_interval();
         t.observe(&snapshot);
         assert_eq!(
-            row(&t, Some(CLIENT), "→ 127.0.0.1:80")
+            row(&t, Some("client"), "→ 127.0.0.1:80")
                 .new_time_wait
                 .interval,
             0
         );
-        assert_eq!(row(&t, Some(CLIENT), "→ 127.0.0.1:80").time_wait, 5);
+        assert_eq!(row(&t, Some("client"), "→ 127.0.0.1:80").time_wait, 5);
     }
 
     #[test]
@@ -429,10 +444,10 @@ mod tests {
             .collect();
         t.observe(&snapshot);
         assert_eq!(
-            row(&t, Some(SERVER), "127.0.0.1:80 ← 127.0.0.1").time_wait,
+            row(&t, Some("server"), "127.0.0.1:80 ← 127.0.0.1").time_wait,
             3
         );
-        assert_eq!(row(&t, Some(CLIENT), "→ 127.0.0.1:80").time_wait, 0);
+        assert_eq!(row(&t, Some("client"), "→ 127.0.0.1:80").time_wait, 0);
     }
 
     #[test]
@@ -472,23 +487,29 @@ mod tests {
     fn resets_are_aborts_and_memory_follows_live_sockets() {
         use TcpState::*;
         let mut t = LinkTable::default();
-        t.record_state(&change(
-            CLIENT,
-            Close,
-            SynSent,
-            true,
-            "127.0.0.1:42000",
-            "127.0.0.1:81",
-        ));
-        t.record_state(&change(
-            CLIENT,
-            SynSent,
-            Close,
-            false,
-            "127.0.0.1:42000",
-            "127.0.0.1:81",
-        ));
-        let r = row(&t, Some(CLIENT), "→ 127.0.0.1:81");
+        record(
+            &mut t,
+            change(
+                CLIENT,
+                Close,
+                SynSent,
+                true,
+                "127.0.0.1:42000",
+                "127.0.0.1:81",
+            ),
+        );
+        record(
+            &mut t,
+            change(
+                CLIENT,
+                SynSent,
+                Close,
+                false,
+                "127.0.0.1:42000",
+                "127.0.0.1:81",
+            ),
+        );
+        let r = row(&t, Some("client"), "→ 127.0.0.1:81");
         assert_eq!((r.opens.total, r.closes.total, r.aborts.total), (1, 1, 1));
         assert_eq!(t.remembered(), 0);
         // Closers expire once their sockets leave TIME_WAIT.

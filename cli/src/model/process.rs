@@ -209,7 +209,18 @@ impl ProcessTable {
             Event::Spawn(s) => self.record_spawn(s),
             Event::Exec(s) => self.record_exec(s),
             Event::Exit(s) => self.record_exit(s),
-            Event::TcpState(s) => self.links.record_state(s),
+            Event::TcpState(s) => {
+                if let Some(comm) = &s.comm {
+                    self.entry(s.owner, comm);
+                }
+                // Links are grouped by the owner's role: forking servers
+                // close each connection in a short-lived child.
+                let owner = self
+                    .procs
+                    .get(&s.owner)
+                    .map_or_else(|| format!("[{}]", s.owner), Process::role);
+                self.links.record_state(s, &owner);
+            }
         }
     }
 

@@ -169,15 +169,18 @@ pub struct TcpReport {
     pub kernel: KernelRow,
     /// Size of ip_local_port_range, when readable.
     pub ephemeral_ports: Option<u32>,
+    /// TCP sockets on the machine at the last snapshot, and what taking it
+    /// cost stackprobe (µs of wall time).
+    pub sockets: usize,
+    pub snapshot_us: u64,
     pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct LinkRow {
-    /// The process that owns the link's sockets; null when unknown (for
-    /// TIME_WAIT sockets whose closer was not seen).
-    pub pid: Option<u32>,
-    pub process: Option<String>,
+    /// The role of the processes owning the link's sockets (for TIME_WAIT:
+    /// that closed first); null when unknown (the closer was not seen).
+    pub owner: Option<String>,
     /// `active` (it connected out) or `passive` (it accepted).
     pub side: &'static str,
     /// `→ 127.0.0.1:5432` or `127.0.0.1:5432 ← 127.0.0.1`.
@@ -323,8 +326,7 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
         .map(|(key, st)| {
             let new_time_wait = p.count(&st.new_time_wait);
             LinkRow {
-                pid: key.owner,
-                process: key.owner.and_then(name),
+                owner: key.owner.clone(),
                 side: match key.side {
                     Side::Active => "active",
                     Side::Passive => "passive",
@@ -354,9 +356,8 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
         .filter(|r| r.port_pressure.is_some_and(|x| x >= PORT_PRESSURE_WARNING))
         .map(|r| {
             format!(
-                "{}[{}] {} holds {} TIME_WAIT sockets, {:.0}% of the {} ephemeral ports: new connections to it will start failing; reuse connections (keepalive, a pool)",
-                r.process.as_deref().unwrap_or("?"),
-                r.pid.map_or("?".into(), |p| p.to_string()),
+                "{} {} holds {} TIME_WAIT sockets, {:.0}% of the {} ephemeral ports: new connections to it will start failing; reuse connections (keepalive, a pool)",
+                r.owner.as_deref().unwrap_or("unknown"),
                 r.link,
                 r.time_wait,
                 r.port_pressure.unwrap_or(0.0) * 100.0,
@@ -399,6 +400,8 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
             .collect(),
         kernel,
         ephemeral_ports: ports,
+        sockets: links.last_snapshot.0,
+        snapshot_us: links.last_snapshot.1,
         warnings,
     }
 }
@@ -594,36 +597,27 @@ mod tests {
             sockets::{TcpSock, TcpState},
         };
         let mut t = ProcessTable::default();
-        t.sync_watched(&[LiveProcess {
-            pid: 7,
-            name: "nginx".into(),
-            title: None,
-            parent: None,
-        }]);
         t.links.ephemeral_ports = Some(100);
         let server: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
         let mut snapshot = Vec::new();
         for port in 0..60u16 {
             let local: std::net::SocketAddr =
                 format!("127.0.0.1:{}", 40000 + port).parse().unwrap();
-            t.links.record_state(&TcpStateSample {
-                owner: 7,
-                old: TcpState::Close,
-                new: TcpState::SynSent,
-                by_owner: true,
-                local,
-                remote: server,
-                ts_ns: 0,
-            });
-            t.links.record_state(&TcpStateSample {
-                owner: 7,
-                old: TcpState::Established,
-                new: TcpState::FinWait1,
-                by_owner: true,
-                local,
-                remote: server,
-                ts_ns: 0,
-            });
+            for (old, new) in [
+                (TcpState::Close, TcpState::SynSent),
+                (TcpState::Established, TcpState::FinWait1),
+            ] {
+                t.apply(&Event::TcpState(TcpStateSample {
+                    owner: 7,
+                    comm: Some("nginx".into()),
+                    old,
+                    new,
+                    by_owner: true,
+                    local,
+                    remote: server,
+                    ts_ns: 0,
+                }));
+            }
             snapshot.push(TcpSock {
                 state: TcpState::TimeWait,
                 local,
@@ -643,13 +637,19 @@ mod tests {
         );
         let link = &r.tcp.links[0];
         assert_eq!(
-            (link.pid, link.link.as_str(), link.time_wait),
-            (Some(7), "→ 127.0.0.1:8080", 60)
+            (link.owner.as_deref(), link.link.as_str(), link.time_wait),
+            (Some("nginx"), "→ 127.0.0.1:8080", 60)
         );
         assert_eq!(link.new_time_wait_per_s, 30.0);
         assert_eq!(link.port_pressure, Some(0.6));
         assert_eq!(r.tcp.warnings.len(), 1);
-        assert!(r.tcp.warnings[0].starts_with("nginx[7] → 127.0.0.1:8080 holds 60 TIME_WAIT sockets, 60% of the 100 ephemeral ports"), "{}", r.tcp.warnings[0]);
+        assert!(
+            r.tcp.warnings[0].starts_with(
+                "nginx → 127.0.0.1:8080 holds 60 TIME_WAIT sockets, 60% of the 100 ephemeral ports"
+            ),
+            "{}",
+            r.tcp.warnings[0]
+        );
     }
 
     #[test]

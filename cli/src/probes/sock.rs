@@ -17,7 +17,7 @@ use probes_common::sock::{
 
 use super::{
     btf::KernelBtf,
-    events::read_record,
+    events::{comm_to_string, read_record},
     loader::{Setup, attach_tracepoints},
     tracefs::Tracefs,
 };
@@ -83,8 +83,10 @@ pub fn set_listen_owner(ebpf: &mut Ebpf, port: u16, owner: u32) -> Result<()> {
 pub fn decode_state(bytes: &[u8]) -> Option<TcpStateSample> {
     let e: TcpStateEvent = read_record(bytes)?;
     let v6 = e.family == AF_INET6;
+    let comm = comm_to_string(&e.comm);
     Some(TcpStateSample {
         owner: e.owner,
+        comm: (!comm.is_empty()).then_some(comm),
         old: TcpState::from_kernel(e.oldstate)?,
         new: TcpState::from_kernel(e.newstate)?,
         by_owner: e.by_owner != 0,

@@ -147,11 +147,7 @@ fn tcp_block(tcp: &TcpReport) -> String {
         out.push_str("connections:\n");
     }
     for l in &tcp.links {
-        let who = match (&l.process, l.pid) {
-            (Some(name), Some(pid)) => format!("{name}[{pid}]"),
-            (None, Some(pid)) => format!("[{pid}]"),
-            _ => "unknown".to_string(),
-        };
+        let who = l.owner.as_deref().unwrap_or("unknown");
         let _ = write!(out, "  {who} {}  TIME_WAIT {}", l.link, l.time_wait);
         if l.new_time_wait.total > 0 {
             let _ = write!(

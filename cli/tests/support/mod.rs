@@ -14,8 +14,9 @@ use std::{
 };
 
 use stackprobe::{
-    model::process::ProcessTable,
+    model::process::{LiveProcess, ProcessTable},
     probes::{Options, Probes, events::EventStream},
+    procfs,
 };
 
 /// Loaded probes with their events collected into a process table.
@@ -50,6 +51,25 @@ impl Session {
     pub fn collect(&mut self) -> usize {
         let table = &mut self.table;
         self.events.drain(|e| table.apply(&e))
+    }
+
+    /// Mirrors the kernel's watch set into the table, as `stackprobe watch`
+    /// does each interval.
+    pub fn sync(&mut self) {
+        let live: Vec<LiveProcess> = self
+            .probes
+            .watched()
+            .into_iter()
+            .filter_map(|(pid, _)| procfs::read(pid))
+            .filter(|p| p.is_process())
+            .map(|p| LiveProcess {
+                pid: p.pid,
+                name: p.comm,
+                title: None,
+                parent: None,
+            })
+            .collect();
+        self.table.sync_watched(&live);
     }
 
     pub fn accepts(&self, pid: u32) -> u64 {
