@@ -168,7 +168,7 @@ impl LinkTable {
         }
         // Learn the side at the open; a socket seen first mid-life gets it
         // from whether its port is one of its owner's listeners.
-        let (side, owner) = match (s.old, s.new) {
+        let (side, link_owner) = match (s.old, s.new) {
             (Close, SynSent) | (SynSent, Established) => (Side::Active, owner.to_string()),
             (SynRecv, Established) => (Side::Passive, owner.to_string()),
             _ => self
@@ -177,19 +177,22 @@ impl LinkTable {
                 .cloned()
                 .unwrap_or_else(|| (self.side_of(s.owner, s.local), owner.to_string())),
         };
-        let key = LinkKey::new(Some(owner.clone()), side, s.local, s.remote);
+        let key = LinkKey::new(Some(link_owner.clone()), side, s.local, s.remote);
         match (s.old, s.new) {
             // connect(): the local port is not chosen yet (the record says
             // 0), so the socket is remembered once it is established.
             (Close, SynSent) => self.stats(key).opens.bump(),
             (SynSent, Established) => {
-                self.sides.insert(tuple, (side, owner));
+                self.sides.insert(tuple, (side, link_owner));
             }
             (SynRecv, Established) => {
-                self.sides.insert(tuple, (side, owner));
+                self.sides.insert(tuple, (side, link_owner));
                 self.stats(key).opens.bump();
             }
             // The owner closed first: its socket will be in TIME_WAIT.
+            // The owner's own close: TIME_WAIT will be on this side, and
+            // belongs to the process that closed (a forking server's child),
+            // whoever opened it.
             (_, FinWait1) if s.by_owner => {
                 self.closers
                     .insert(tuple, (owner.to_string(), side, self.snapshots));
