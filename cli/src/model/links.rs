@@ -111,7 +111,7 @@ pub struct LinkTable {
     /// Who closed first, by 4-tuple: kept while the socket may be or is in
     /// TIME_WAIT. The snapshot number it was learned in, to expire it.
     closers: HashMap<Tuple, (String, Side, u64)>,
-    /// TIME_WAIT sockets in the last snapshot.
+    /// Attributed TIME_WAIT sockets in the last snapshot.
     time_wait: HashSet<Tuple>,
     snapshots: u64,
     /// Watched listeners: port → owner.
@@ -221,9 +221,14 @@ impl LinkTable {
         for stats in self.links.values_mut() {
             stats.time_wait = 0;
         }
+        // Attributed TIME_WAIT sockets: a socket counts as new once, under
+        // its closer, even if its close event arrived after the snapshot that
+        // first showed it (it is then unknown for one snapshot).
+        let mut attributed = HashSet::new();
         for &tuple in &now {
             let key = match self.closers.get(&tuple) {
                 Some((owner, side, _)) => {
+                    attributed.insert(tuple);
                     LinkKey::new(Some(owner.clone()), *side, tuple.0, tuple.1)
                 }
                 // Not known to be ours unless a watched listener's port.
@@ -232,7 +237,7 @@ impl LinkTable {
                 }
                 None => continue,
             };
-            let fresh = !self.time_wait.contains(&tuple);
+            let fresh = key.owner.is_some() && !self.time_wait.contains(&tuple);
             let stats = self.stats(key);
             stats.time_wait += 1;
             if fresh {
@@ -244,7 +249,7 @@ impl LinkTable {
         let snapshots = self.snapshots;
         self.closers
             .retain(|tuple, (_, _, seen)| now.contains(tuple) || *seen + 1 >= snapshots);
-        self.time_wait = now;
+        self.time_wait = attributed;
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&LinkKey, &LinkStats)> {
@@ -451,6 +456,37 @@ mod tests {
             3
         );
         assert_eq!(row(&t, Some("client"), "→ 127.0.0.1:80").time_wait, 0);
+    }
+
+    #[test]
+    fn a_close_seen_after_the_snapshot_still_counts_once_as_new() {
+        use TcpState::*;
+        let mut t = LinkTable::default();
+        t.set_listeners(HashMap::from([(80, SERVER)]));
+        let tw = [time_wait("127.0.0.1:80", "127.0.0.1:5000")];
+        // The snapshot sees the TIME_WAIT socket before its close event.
+        t.observe(&tw);
+        assert_eq!(
+            row(&t, None, "127.0.0.1:80 ← 127.0.0.1")
+                .new_time_wait
+                .total,
+            0
+        );
+        record(
+            &mut t,
+            change(
+                SERVER,
+                Established,
+                FinWait1,
+                true,
+                "127.0.0.1:80",
+                "127.0.0.1:5000",
+            ),
+        );
+        t.observe(&tw);
+        t.observe(&tw);
+        let server = row(&t, Some("server"), "127.0.0.1:80 ← 127.0.0.1");
+        assert_eq!((server.time_wait, server.new_time_wait.total), (1, 1));
     }
 
     #[test]
