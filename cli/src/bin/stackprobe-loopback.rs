@@ -27,7 +27,7 @@ use std::{
     io::{self, BufRead, Read, Write},
     net::{TcpListener, TcpStream},
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd},
         unix::net::{UnixListener, UnixStream},
     },
     process::ExitCode,
@@ -154,7 +154,7 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                 };
                 let mut held = Vec::new();
                 for _ in 0..n {
-                    let mut conn = accept_conn(fd)?;
+                    let mut conn = accept_conn(fd, false)?;
                     conn.write_all(b"x").map_err(|e| format!("write: {e}"))?;
                     held.push(conn);
                 }
@@ -194,29 +194,9 @@ fn serve(args: &[String]) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn accept_conn(listen_fd: RawFd) -> Result<std::fs::File> {
-    loop {
-        // SAFETY: a plain syscall on a listening socket we own.
-        let fd = unsafe {
-            libc::accept4(
-                listen_fd,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: the kernel just returned this fd to us.
-            return Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(format!("accept: {err}"));
-        }
-    }
-}
-
-fn accept_one(listen_fd: RawFd, plain: bool) -> Result<()> {
+/// Accepts one connection with accept(2) (`plain`) or accept4(2),
+/// retrying on EINTR.
+fn accept_conn(listen_fd: RawFd, plain: bool) -> Result<std::fs::File> {
     loop {
         // SAFETY: plain syscalls on a listening socket we own; no address wanted.
         let fd = unsafe {
@@ -231,46 +211,36 @@ fn accept_one(listen_fd: RawFd, plain: bool) -> Result<()> {
                 )
             }
         };
-        if fd < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(format!("accept: {err}"));
-        }
-        // SAFETY: the kernel just returned this fd to us.
-        let conn = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut stream = std::fs::File::from(conn);
-        // The client waits for this byte, so it knows its connection was accepted.
-        return stream.write_all(b"x").map_err(|e| format!("write: {e}"));
-    }
-}
-
-/// Accepts one connection and forks a child to serve it: the child writes the
-/// byte, lives `ms` milliseconds and exits without returning.
-fn accept_and_fork(listen_fd: RawFd, ms: u64) -> Result<libc::pid_t> {
-    let conn = loop {
-        // SAFETY: a plain syscall on a listening socket we own.
-        let fd = unsafe {
-            libc::accept4(
-                listen_fd,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
         if fd >= 0 {
-            break fd;
+            // SAFETY: the kernel just returned this fd to us.
+            return Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
         }
         let err = io::Error::last_os_error();
         if err.kind() != io::ErrorKind::Interrupted {
             return Err(format!("accept: {err}"));
         }
-    };
+    }
+}
+
+fn accept_one(listen_fd: RawFd, plain: bool) -> Result<()> {
+    let mut stream = accept_conn(listen_fd, plain)?;
+    // The client waits for this byte, so it knows its connection was accepted.
+    stream.write_all(b"x").map_err(|e| format!("write: {e}"))
+}
+
+/// Accepts one connection and forks a child to serve it: the child writes the
+/// byte, lives `ms` milliseconds and exits without returning.
+fn accept_and_fork(listen_fd: RawFd, ms: u64) -> Result<libc::pid_t> {
+    let conn = accept_conn(listen_fd, false)?.into_raw_fd();
     // SAFETY: the server is single-threaded here; the child only makes
     // async-signal-safe calls (write, close, nanosleep, _exit).
     match unsafe { libc::fork() } {
-        -1 => Err(format!("fork: {}", io::Error::last_os_error())),
+        -1 => {
+            let err = io::Error::last_os_error();
+            // SAFETY: closing the connection we could not hand to a child.
+            unsafe { libc::close(conn) };
+            Err(format!("fork: {err}"))
+        }
         0 => unsafe {
             libc::write(conn, b"x".as_ptr().cast(), 1);
             libc::close(conn);
