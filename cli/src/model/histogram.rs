@@ -158,6 +158,16 @@ impl LatencyHistogram {
     }
 }
 
+/// A latency in the unit that keeps 3–4 significant digits.
+pub fn duration(ns: u64) -> String {
+    match ns {
+        0..1_000 => format!("{ns}ns"),
+        1_000..1_000_000 => format!("{:.1}µs", ns as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.2}ms", ns as f64 / 1e6),
+        _ => format!("{:.3}s", ns as f64 / 1e9),
+    }
+}
+
 /// Index 0 holds the value 0; index i > 0 holds [2^(i-1), 2^i).
 fn log2_index(value: u64) -> usize {
     (u64::BITS - value.leading_zeros()) as usize

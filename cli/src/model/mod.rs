@@ -4,6 +4,7 @@
 
 pub mod event;
 pub mod histogram;
+pub mod insights;
 pub mod links;
 pub mod process;
 pub mod report;

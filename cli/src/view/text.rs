@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use crate::model::{
-    histogram::{Log2Bucket, Summary},
+    histogram::{Log2Bucket, Summary, duration},
     report::{Report, ReportKind, RoleRow, TcpReport},
 };
 
@@ -248,16 +248,6 @@ fn si(v: u64) -> String {
         }
     }
     v.to_string()
-}
-
-/// A latency in the unit that keeps 3–4 significant digits.
-pub fn duration(ns: u64) -> String {
-    match ns {
-        0..1_000 => format!("{ns}ns"),
-        1_000..1_000_000 => format!("{:.1}µs", ns as f64 / 1e3),
-        1_000_000..1_000_000_000 => format!("{:.2}ms", ns as f64 / 1e6),
-        _ => format!("{:.3}s", ns as f64 / 1e9),
-    }
 }
 
 #[cfg(test)]

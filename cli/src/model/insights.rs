@@ -1,0 +1,179 @@
+//! What the numbers mean: rules over one report that name a known problem
+//! and the numbers it fired on. No rule fires on too little data.
+
+use super::{
+    histogram::duration,
+    report::{Report, ReportKind},
+};
+
+/// At least this many accepts in the period before judging forks per accept.
+pub const MIN_ACCEPTS: u64 = 20;
+/// New TIME_WAIT sockets per second on one link worth a word.
+pub const MIN_TIME_WAIT_PER_S: f64 = 100.0;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Insight {
+    pub text: String,
+}
+
+pub fn insights(report: &Report) -> Vec<Insight> {
+    let mut out = Vec::new();
+    for role in &report.roles {
+        let accepts = role.accept.latency.count;
+        if let Some(ratio) = role.forks_per_accept
+            && accepts >= MIN_ACCEPTS
+            && ratio >= 0.9
+        {
+            let lifetime = if role.child_lifetime.latency.count > 0 {
+                format!(
+                    " and its children live {}",
+                    duration(role.child_lifetime.latency.p50_ns)
+                )
+            } else {
+                String::new()
+            };
+            out.push(Insight {
+                text: format!(
+                    "{} forks {:.2} processes per accepted connection ({:.0}/s){lifetime}: use persistent connections or a pooler",
+                    role.role, ratio, role.fork.rate_per_s
+                ),
+            });
+        }
+        if role.accept_queue.latency.count >= MIN_ACCEPTS
+            && role.accept_queue.latency.p99_ns >= 10_000_000
+        {
+            out.push(Insight {
+                text: format!(
+                    "{}: connections wait {} (p99) in the accept queue: its workers are saturated",
+                    role.role,
+                    duration(role.accept_queue.latency.p99_ns)
+                ),
+            });
+        }
+    }
+    if report.kind == ReportKind::Interval {
+        for link in &report.tcp.links {
+            if link.new_time_wait_per_s >= MIN_TIME_WAIT_PER_S {
+                out.push(Insight {
+                    text: format!(
+                        "{} {} leaves {:.0} TIME_WAIT/s ({} now): {}",
+                        link.owner.as_deref().unwrap_or("unknown"),
+                        link.link,
+                        link.new_time_wait_per_s,
+                        link.time_wait,
+                        if link.side == "active" {
+                            "enable keepalive / connection reuse towards it"
+                        } else {
+                            "clients close last: let them keep connections open (keepalive)"
+                        }
+                    ),
+                });
+            }
+        }
+    }
+    for l in &report.tcp.listeners {
+        if l.max_backlog > 0 && l.backlog >= l.max_backlog {
+            out.push(Insight {
+                text: format!(
+                    "{} {}: accept queue full ({}/{}): connections are being dropped",
+                    l.process.as_deref().unwrap_or("?"),
+                    l.address,
+                    l.backlog,
+                    l.max_backlog
+                ),
+            });
+        }
+    }
+    out.extend(
+        report
+            .tcp
+            .warnings
+            .iter()
+            .map(|w| Insight { text: w.clone() }),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::{
+        event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
+        process::{LiveProcess, ProcessTable},
+        report::Drops,
+    };
+
+    /// A postmaster that accepted `n` connections in one second and forked a
+    /// backend for each, each living 9 ms.
+    fn forking(n: u32) -> Report {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[LiveProcess {
+            pid: 1,
+            name: "postgres".into(),
+            title: None,
+            parent: None,
+        }]);
+        for i in 0..n {
+            let child = 100 + i;
+            t.apply(&Event::Accept(AcceptSample {
+                tgid: 1,
+                tid: 1,
+                comm: "postgres".into(),
+                conn_fd: 5,
+                latency_ns: 1_000,
+                queue_wait_ns: None,
+            }));
+            t.apply(&Event::Spawn(SpawnSample {
+                parent_tgid: 1,
+                child,
+                kind: TaskKind::Process,
+                ts_ns: 0,
+                comm: "postgres".into(),
+            }));
+            t.apply(&Event::Fork(ForkSample {
+                tgid: 1,
+                tid: 1,
+                comm: "postgres".into(),
+                ret: child as i32,
+                kind: TaskKind::Process,
+                latency_ns: 90_000,
+            }));
+            t.apply(&Event::Exit(ExitSample {
+                tgid: child,
+                ts_ns: 9_000_000,
+            }));
+        }
+        Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        )
+    }
+
+    #[test]
+    fn fork_per_connection_fires_with_its_numbers() {
+        let found = insights(&forking(412));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            found[0].text,
+            "postgres postmaster forks 1.00 processes per accepted connection (412/s) and its children live 9.00ms: use persistent connections or a pooler"
+        );
+    }
+
+    #[test]
+    fn too_little_data_fires_nothing() {
+        assert!(insights(&forking(MIN_ACCEPTS as u32 - 1)).is_empty());
+        let quiet = Report::build(
+            ReportKind::Interval,
+            &ProcessTable::default(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        assert!(insights(&quiet).is_empty());
+    }
+}
