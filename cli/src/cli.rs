@@ -45,8 +45,8 @@ pub struct WatchArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Plain text output. The live dashboard is not built yet, so this is
-    /// what every run prints for now.
+    /// Plain text reports even on a terminal (the default when stdout is
+    /// not a terminal); without it a terminal gets the live dashboard.
     #[arg(long)]
     pub no_tui: bool,
 

@@ -46,13 +46,15 @@ pub fn read(pid: u32) -> Option<ProcInfo> {
     })
 }
 
-/// Every process (thread-group leader) now running.
+/// Every process (thread-group leader) now running; zombies (exited, not
+/// yet reaped) are not running.
 pub fn processes() -> Vec<ProcInfo> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| !has_exited(pid))
         .filter_map(read)
         .collect()
 }

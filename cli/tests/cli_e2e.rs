@@ -376,3 +376,106 @@ fn json_mode_reports_the_servers_time_wait_sockets_and_listener() {
     assert_eq!(master["accept_queue"]["count"], 12);
     server.stop();
 }
+
+/// Runs a tmux command and returns its output.
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux")
+        .args(args)
+        .output()
+        .expect("running tmux");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_screen(session: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", session]);
+        if ok(&screen) {
+            return screen;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dashboard never showed {what}:\n{screen}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_dashboard_runs_in_a_real_terminal_reacts_to_keys_and_quits_cleanly() {
+    let _lock = probe_lock();
+    require_root();
+    let mut server = Server::start(None);
+    let session = format!("stackprobe-test-{}", std::process::id());
+    let command = format!(
+        "{STACKPROBE} watch --pid {} --interval 3s; echo EXIT=$?; sleep 30",
+        server.pid
+    );
+    let _ = tmux(&["kill-session", "-t", &session]);
+    assert!(
+        Command::new("tmux")
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                &session,
+                "-x",
+                "100",
+                "-y",
+                "30",
+                &command
+            ])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let kill = TmuxSession(session.clone());
+    wait_screen(&session, "its header", |s| {
+        s.contains("ROLE") && s.contains("q quit")
+    });
+
+    server.accept_queued(24, false, "accept4");
+    let screen = wait_screen(&session, "the server's accepts", |s| {
+        s.lines().any(|l| {
+            l.starts_with("stackprobe-loop ")
+                && l.split_whitespace().nth(2).is_some_and(|rate| rate != "0")
+        })
+    });
+    assert!(screen.contains("drops 0"), "{screen}");
+    // Enter: the detail of the selected (busiest) role shows the 24 accepts.
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    let detail = wait_screen(&session, "the detail view", |s| s.contains("forks/accept"));
+    assert!(
+        detail
+            .lines()
+            .any(|l| l.starts_with("accept ") && l.split_whitespace().nth(1) == Some("24")),
+        "{detail}"
+    );
+    tmux(&["send-keys", "-t", &session, "Escape"]);
+    tmux(&["send-keys", "-t", &session, "?"]);
+    wait_screen(&session, "the help", |s| {
+        s.contains("reset histograms and counters")
+    });
+    tmux(&["send-keys", "-t", &session, "q"]);
+    // Quitting restores the normal screen (the alternate one is gone) and exits 0.
+    let after = wait_screen(&session, "the exit", |s| s.contains("EXIT="));
+    assert!(after.contains("EXIT=0"), "{after}");
+    assert!(
+        !after.contains("q quit"),
+        "the dashboard was left on screen:\n{after}"
+    );
+    assert!(loaded_stackprobe_programs().is_empty());
+    drop(kill);
+    server.stop();
+}
+
+/// Kills the tmux session on drop, whatever happened.
+struct TmuxSession(String);
+
+impl Drop for TmuxSession {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.0])
+            .output();
+    }
+}

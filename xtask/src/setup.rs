@@ -17,8 +17,9 @@ use crate::tasks::{capture, run_cmd};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests use: setpriv (util-linux) drops privileges in the
-/// "not root" test.
-const APT_PACKAGES: [&str; 1] = ["util-linux"];
+/// "not root" test, ss (iproute2) checks TIME_WAIT counts, tmux drives the
+/// dashboard in a real terminal.
+const APT_PACKAGES: [&str; 3] = ["util-linux", "iproute2", "tmux"];
 
 /// Where bpf-linker lives; cli/build.rs looks here too. It must persist: its
 /// path to libLLVM is baked into the binary's rpath.

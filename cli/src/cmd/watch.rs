@@ -3,13 +3,19 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    io::{self, Write},
+    io::{self, IsTerminal as _, Write},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
+use ratatui::crossterm::event::{self as crossterm_event, KeyEvent, KeyEventKind};
 use tokio::{
     signal::unix::{SignalKind, signal},
+    sync::mpsc,
     time::{self, MissedTickBehavior},
 };
 
@@ -28,6 +34,7 @@ use crate::{
         events::{DRAIN_PERIOD, EventStream},
     },
     procfs, view,
+    view::tui::{self, Action, Dashboard, Status, terminal::TerminalGuard},
 };
 
 pub fn run(args: WatchArgs) -> Result<()> {
@@ -64,8 +71,15 @@ async fn watch(args: WatchArgs) -> Result<()> {
     observe_sockets(&mut probes, &mut table)?;
     let mut events = EventStream::new(probes.take_events()?).context("polling the ring buffer")?;
 
+    let mut ui = if !args.json && !args.no_tui && io::stdout().is_terminal() {
+        Some(DashboardUi::start()?)
+    } else {
+        None
+    };
     let mut waiting = live.is_empty();
-    if waiting {
+    if ui.is_some() {
+        // The dashboard says it all; stderr would scribble over it.
+    } else if waiting {
         eprintln!(
             "stackprobe: probes attached; no {} running yet, waiting for it (Ctrl-C to stop)",
             selector.names().join(" or ")
@@ -91,6 +105,10 @@ async fn watch(args: WatchArgs) -> Result<()> {
     report_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_report = start;
     let mut out = io::stdout().lock();
+    let mut frame_tick = time::interval(FRAME_PERIOD);
+    frame_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut events_seen = 0usize;
+    let mut own = OwnCost::new(&probes, args.probe_cost);
 
     let apply = |table: &mut ProcessTable, event: Event| table.apply(&event);
 
@@ -102,30 +120,65 @@ async fn watch(args: WatchArgs) -> Result<()> {
             _ = until(deadline) => break,
             ready = events.readable() => {
                 ready.context("waiting on the ring buffer")?;
-                events.drain(|e| apply(&mut table, e));
+                events_seen += events.drain(|e| apply(&mut table, e));
             }
             _ = drain_tick.tick() => {
-                events.drain(|e| apply(&mut table, e));
+                events_seen += events.drain(|e| apply(&mut table, e));
+            }
+            Some(key) = next_key(&mut ui) => {
+                let Some(dash) = ui.as_mut() else { continue };
+                match dash.dashboard.key(key) {
+                    Action::Quit => break,
+                    Action::Reset => table = ProcessTable::default(),
+                    Action::None => {}
+                }
+                dash.draw()?;
+            }
+            _ = frame_tick.tick(), if ui.is_some() => {
+                if let Some(dash) = ui.as_mut() {
+                    dash.draw()?;
+                }
             }
             _ = report_tick.tick() => {
-                events.drain(|e| apply(&mut table, e));
+                events_seen += events.drain(|e| apply(&mut table, e));
                 let live = refresh_watch_set(&selector, &mut probes, &table)?;
                 table.sync_watched(&live);
                 observe_sockets(&mut probes, &mut table)?;
                 if waiting && !live.is_empty() {
                     waiting = false;
-                    eprintln!("stackprobe: now watching {}", list(&live));
+                    if ui.is_none() {
+                        eprintln!("stackprobe: now watching {}", list(&live));
+                    }
                 }
                 let now = Instant::now();
-                let report = build_report(ReportKind::Interval, &table, &probes, now - last_report, now - start, args.probe_cost)?;
+                let period = now - last_report;
+                let report = build_report(ReportKind::Interval, &table, &probes, period, now - start, args.probe_cost)?;
                 last_report = now;
                 table.reset_interval();
-                if !emit(&mut out, &report, args.json)? {
-                    return Ok(());
+                match ui.as_mut() {
+                    Some(dash) => {
+                        let status = Status {
+                            elapsed_s: (now - start).as_secs_f64(),
+                            interval_s: args.interval.as_secs_f64(),
+                            events_per_s: events_seen as f64 / period.as_secs_f64(),
+                            drops: report.drops,
+                            ns_per_event: own.ns_per_run(&probes),
+                            cpu_percent: own.cpu_percent(),
+                        };
+                        events_seen = 0;
+                        dash.dashboard.update(report, status);
+                    }
+                    None => {
+                        if !emit(&mut out, &report, args.json)? {
+                            return Ok(());
+                        }
+                    }
                 }
             }
         }
     }
+    // Back to the normal screen before the summary is printed.
+    drop(ui);
 
     events.drain(|e| apply(&mut table, e));
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
@@ -148,6 +201,122 @@ async fn watch(args: WatchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The dashboard redraws at this fixed, low rate; collection never waits on it.
+const FRAME_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The dashboard, its terminal, and a thread reading keys (crossterm's reads
+/// block) that hands them over a channel.
+struct DashboardUi {
+    dashboard: Dashboard,
+    guard: TerminalGuard,
+    keys: mpsc::Receiver<KeyEvent>,
+    stop: Arc<AtomicBool>,
+}
+
+impl DashboardUi {
+    fn start() -> Result<Self> {
+        let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        let guard = TerminalGuard::enter()?;
+        let (tx, keys) = mpsc::channel(64);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match crossterm_event::poll(std::time::Duration::from_millis(100)) {
+                    Ok(true) => match crossterm_event::read() {
+                        Ok(crossterm_event::Event::Key(k)) if k.kind == KeyEventKind::Press => {
+                            if tx.blocking_send(k).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(_) => return,
+                    },
+                    Ok(false) => {}
+                    Err(_) => return,
+                }
+            }
+        });
+        Ok(Self {
+            dashboard: Dashboard::new(color),
+            guard,
+            keys,
+            stop,
+        })
+    }
+
+    fn draw(&mut self) -> Result<()> {
+        let dashboard = &self.dashboard;
+        self.guard
+            .terminal
+            .draw(|f| tui::render(f, dashboard))
+            .context("drawing the dashboard")?;
+        Ok(())
+    }
+}
+
+impl Drop for DashboardUi {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+async fn next_key(ui: &mut Option<DashboardUi>) -> Option<KeyEvent> {
+    match ui {
+        Some(dash) => dash.keys.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// stackprobe's own cost: BPF run time per program run over the last interval
+/// (with --probe-cost) and its CPU use.
+struct OwnCost {
+    runs_and_ns: Option<(u64, u64)>,
+    cpu: (std::time::Duration, Instant),
+}
+
+fn cpu_time() -> std::time::Duration {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let tv = |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+impl OwnCost {
+    fn new(probes: &Probes, measured: bool) -> Self {
+        let runs_and_ns = measured.then(|| totals(probes)).flatten();
+        Self {
+            runs_and_ns,
+            cpu: (cpu_time(), Instant::now()),
+        }
+    }
+
+    fn ns_per_run(&mut self, probes: &Probes) -> Option<f64> {
+        let (runs0, ns0) = self.runs_and_ns?;
+        let (runs, ns) = totals(probes)?;
+        self.runs_and_ns = Some((runs, ns));
+        (runs > runs0).then(|| (ns - ns0) as f64 / (runs - runs0) as f64)
+    }
+
+    fn cpu_percent(&mut self) -> f64 {
+        let (cpu, at) = (cpu_time(), Instant::now());
+        let used = cpu.saturating_sub(self.cpu.0).as_secs_f64();
+        let wall = (at - self.cpu.1).as_secs_f64();
+        self.cpu = (cpu, at);
+        if wall > 0.0 { 100.0 * used / wall } else { 0.0 }
+    }
+}
+
+fn totals(probes: &Probes) -> Option<(u64, u64)> {
+    let costs = probes.costs().ok()?;
+    Some(
+        costs
+            .iter()
+            .fold((0, 0), |(r, n), c| (r + c.runs, n + c.run_time_ns)),
+    )
 }
 
 async fn until(deadline: Option<time::Instant>) {
