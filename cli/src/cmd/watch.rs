@@ -4,15 +4,11 @@
 use std::{
     collections::{HashMap, HashSet},
     io::{self, IsTerminal as _, Write},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
     time::Instant,
 };
 
 use anyhow::{Context as _, Result, bail};
-use ratatui::crossterm::event::{self as crossterm_event, KeyEvent, KeyEventKind};
+use ratatui::crossterm::event::{self as crossterm_event, KeyEventKind};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
@@ -104,9 +100,8 @@ async fn watch(args: WatchArgs) -> Result<()> {
     );
     report_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_report = start;
-    let mut out = io::stdout().lock();
-    let mut frame_tick = time::interval(FRAME_PERIOD);
-    frame_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    // Not locked for the whole run: the dashboard thread writes to stdout too.
+    let mut out = io::stdout();
     let mut events_seen = 0usize;
     let mut own = OwnCost::new(&probes, args.probe_cost);
 
@@ -125,20 +120,12 @@ async fn watch(args: WatchArgs) -> Result<()> {
             _ = drain_tick.tick() => {
                 events_seen += events.drain(|e| apply(&mut table, e));
             }
-            Some(key) = next_key(&mut ui) => {
-                let Some(dash) = ui.as_mut() else { continue };
-                match dash.dashboard.key(key) {
-                    Action::Quit => break,
-                    Action::Reset => table = ProcessTable::default(),
-                    Action::None => {}
-                }
-                dash.draw()?;
-            }
-            _ = frame_tick.tick(), if ui.is_some() => {
-                if let Some(dash) = ui.as_mut() {
-                    dash.draw()?;
-                }
-            }
+            action = next_action(&mut ui) => match action {
+                // None: the dashboard thread ended (it could not draw).
+                Some(Action::Quit) | None => break,
+                Some(Action::Reset) => table = ProcessTable::default(),
+                Some(Action::None) => {}
+            },
             _ = report_tick.tick() => {
                 events_seen += events.drain(|e| apply(&mut table, e));
                 let live = refresh_watch_set(&selector, &mut probes, &table)?;
@@ -166,7 +153,7 @@ async fn watch(args: WatchArgs) -> Result<()> {
                             cpu_percent: own.cpu_percent(),
                         };
                         events_seen = 0;
-                        dash.dashboard.update(report, status);
+                        dash.update(report, status);
                     }
                     None => {
                         if !emit(&mut out, &report, args.json)? {
@@ -203,69 +190,91 @@ async fn watch(args: WatchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The dashboard redraws at this fixed, low rate; collection never waits on it.
+/// The dashboard redraws at this fixed, low rate.
 const FRAME_PERIOD: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// The dashboard, its terminal, and a thread reading keys (crossterm's reads
-/// block) that hands them over a channel.
+/// The dashboard runs in its own thread: it owns the terminal, reads keys and
+/// draws at a fixed rate, so collection never waits on drawing. It gets each
+/// interval's report over a channel and sends back what keys ask for.
 struct DashboardUi {
-    dashboard: Dashboard,
-    guard: TerminalGuard,
-    keys: mpsc::Receiver<KeyEvent>,
-    stop: Arc<AtomicBool>,
+    reports: std::sync::mpsc::Sender<(Report, Status)>,
+    actions: mpsc::UnboundedReceiver<Action>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
 impl DashboardUi {
     fn start() -> Result<Self> {
         let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-        let guard = TerminalGuard::enter()?;
-        let (tx, keys) = mpsc::channel(64);
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        std::thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match crossterm_event::poll(std::time::Duration::from_millis(100)) {
-                    Ok(true) => match crossterm_event::read() {
-                        Ok(crossterm_event::Event::Key(k)) if k.kind == KeyEventKind::Press => {
-                            if tx.blocking_send(k).is_err() {
-                                return;
+        let (reports, incoming) = std::sync::mpsc::channel::<(Report, Status)>();
+        let (actions_tx, actions) = mpsc::unbounded_channel();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let thread =
+            std::thread::Builder::new()
+                .name("dashboard".into())
+                .spawn(move || -> Result<()> {
+                    let mut guard = match TerminalGuard::enter() {
+                        Ok(guard) => {
+                            let _ = ready_tx.send(Ok(()));
+                            guard
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return Ok(());
+                        }
+                    };
+                    let mut dashboard = Dashboard::new(color);
+                    loop {
+                        loop {
+                            match incoming.try_recv() {
+                                Ok((report, status)) => dashboard.update(report, status),
+                                Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                                // The collector is done: leave, restoring the terminal.
+                                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Ok(()),
                             }
                         }
-                        Ok(_) => {}
-                        Err(_) => return,
-                    },
-                    Ok(false) => {}
-                    Err(_) => return,
-                }
-            }
-        });
+                        guard
+                            .terminal
+                            .draw(|f| tui::render(f, &dashboard))
+                            .context("drawing the dashboard")?;
+                        // Wait for a key until the next frame is due.
+                        if crossterm_event::poll(FRAME_PERIOD)?
+                            && let crossterm_event::Event::Key(k) = crossterm_event::read()?
+                            && k.kind == KeyEventKind::Press
+                        {
+                            let action = dashboard.key(k);
+                            if action != Action::None && actions_tx.send(action).is_err() {
+                                return Ok(());
+                            }
+                        }
+                    }
+                })?;
+        ready.recv().context("starting the dashboard")??;
         Ok(Self {
-            dashboard: Dashboard::new(color),
-            guard,
-            keys,
-            stop,
+            reports,
+            actions,
+            thread: Some(thread),
         })
     }
 
-    fn draw(&mut self) -> Result<()> {
-        let dashboard = &self.dashboard;
-        self.guard
-            .terminal
-            .draw(|f| tui::render(f, dashboard))
-            .context("drawing the dashboard")?;
-        Ok(())
+    fn update(&self, report: Report, status: Status) {
+        let _ = self.reports.send((report, status));
     }
 }
 
 impl Drop for DashboardUi {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        // Closing the channel tells the thread to restore the terminal and end.
+        let (closed, _) = std::sync::mpsc::channel();
+        drop(std::mem::replace(&mut self.reports, closed));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
-async fn next_key(ui: &mut Option<DashboardUi>) -> Option<KeyEvent> {
+async fn next_action(ui: &mut Option<DashboardUi>) -> Option<Action> {
     match ui {
-        Some(dash) => dash.keys.recv().await,
+        Some(dash) => dash.actions.recv().await,
         None => std::future::pending().await,
     }
 }

@@ -23,6 +23,13 @@ use crate::model::{
 /// Interval samples kept per role for the time series.
 pub const HISTORY: usize = 120;
 
+/// One interval of a role's time series.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    accepts_per_s: u64,
+    accept_p99_us: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SortColumn {
     Role,
@@ -78,7 +85,7 @@ struct RoleLine<'a> {
 
 pub struct Dashboard {
     report: Option<Report>,
-    history: BTreeMap<String, VecDeque<u64>>,
+    history: BTreeMap<String, VecDeque<Sample>>,
     pub status: Status,
     selected: usize,
     sort: SortColumn,
@@ -121,7 +128,10 @@ impl Dashboard {
         }
         for role in &report.roles {
             let h = self.history.entry(role.role.clone()).or_default();
-            h.push_back(role.accept.rate_per_s.round() as u64);
+            h.push_back(Sample {
+                accepts_per_s: role.accept.rate_per_s.round() as u64,
+                accept_p99_us: role.accept.latency.p99_ns / 1000,
+            });
             while h.len() > HISTORY {
                 h.pop_front();
             }
@@ -453,13 +463,24 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
         Constraint::Length(4),
     ])
     .areas(area);
+    let pids: Vec<String> = r.pids.iter().map(u32::to_string).collect();
+    let more = if r.processes > r.pids.len() {
+        " …"
+    } else {
+        ""
+    };
     let title = format!(
-        " {} · {} process{} · forks/accept {} · children alive {} ",
+        " {} · {} process{} · forks/accept {} · children alive {} · pids {}{more} ",
         r.role,
         r.processes,
         if r.processes == 1 { "" } else { "es" },
         r.forks_per_accept.map_or("-".into(), |x| format!("{x:.2}")),
-        r.children_alive
+        r.children_alive,
+        if pids.is_empty() {
+            "-".to_string()
+        } else {
+            pids.join(" ")
+        },
     );
     let table = Table::new(
         vec![
@@ -499,21 +520,37 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
         ),
         bars_area,
     );
-    let history: Vec<u64> = d
+    let history: Vec<Sample> = d
         .history
         .get(&r.role)
         .map(|h| h.iter().copied().collect())
         .unwrap_or_default();
+    let rates: Vec<u64> = history.iter().map(|s| s.accepts_per_s).collect();
+    let p99s: Vec<u64> = history.iter().map(|s| s.accept_p99_us).collect();
+    let [rate_area, p99_area] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)])
+            .areas(spark_area);
     frame.render_widget(
         Sparkline::default()
-            .data(&history)
+            .data(&rates)
             .style(d.style(Color::Cyan))
             .block(
                 Block::default()
                     .borders(Borders::TOP)
-                    .title(format!(" accepts/s, last {} intervals ", history.len())),
+                    .title(format!(" accepts/s, last {} intervals ", rates.len())),
             ),
-        spark_area,
+        rate_area,
+    );
+    frame.render_widget(
+        Sparkline::default()
+            .data(&p99s)
+            .style(d.style(Color::Magenta))
+            .block(
+                Block::default()
+                    .borders(Borders::TOP)
+                    .title(" accept p99 (µs) "),
+            ),
+        p99_area,
     );
     let links: Vec<String> = d
         .report
