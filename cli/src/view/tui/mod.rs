@@ -96,6 +96,8 @@ pub struct Dashboard {
     filter: String,
     filtering: bool,
     color: bool,
+    /// Roles shown with one line per pid.
+    expanded: std::collections::BTreeSet<String>,
 }
 
 impl Dashboard {
@@ -113,6 +115,7 @@ impl Dashboard {
             filter: String::new(),
             filtering: false,
             color,
+            expanded: std::collections::BTreeSet::new(),
         }
     }
 
@@ -173,6 +176,13 @@ impl Dashboard {
                 self.filter.clear();
             }
             KeyCode::Char('?') => self.help = !self.help,
+            KeyCode::Char('x') | KeyCode::Right | KeyCode::Left => {
+                if let Some(role) = self.selected_role() {
+                    if !self.expanded.remove(&role) {
+                        self.expanded.insert(role);
+                    }
+                }
+            }
             KeyCode::Enter => self.screen = Screen::Detail,
             KeyCode::Esc => {
                 self.help = false;
@@ -189,6 +199,12 @@ impl Dashboard {
             _ => {}
         }
         Action::None
+    }
+
+    fn selected_role(&self) -> Option<String> {
+        let lines = self.lines();
+        let i = self.selected.min(lines.len().checked_sub(1)?);
+        Some(lines[i].role.role.clone())
     }
 
     fn lines(&self) -> Vec<RoleLine<'_>> {
@@ -296,8 +312,7 @@ pub fn render(frame: &mut Frame, d: &Dashboard) {
     let hint = if d.filtering {
         format!("filter: {}_  (Enter/Esc to finish)", d.filter)
     } else {
-        "q quit  p pause  r reset  s/S sort  / filter  Enter/Esc detail  Tab switch  ? help"
-            .to_string()
+        "q quit  p pause  r reset  s/S sort  / filter  x pids  Enter/Esc detail  ? help".to_string()
     };
     frame.render_widget(Paragraph::new(hint).style(d.style(Color::DarkGray)), footer);
     if d.help {
@@ -367,37 +382,68 @@ fn render_overview(
         "TW+/s".into(),
     ])
     .style(Style::default().add_modifier(Modifier::BOLD));
-    let rows: Vec<Row<'_>> = lines
-        .iter()
-        .map(|l| {
-            let r = l.role;
-            Row::new(vec![
-                Cell::from(r.role.clone()),
-                Cell::from(r.processes.to_string()),
-                Cell::from(format!("{:.0}", r.accept.rate_per_s)),
-                Cell::from(ns(r.accept.latency.p50_ns, r.accept.latency.count)),
-                Cell::from(ns(r.accept.latency.p99_ns, r.accept.latency.count)).style(d.level(
-                    r.accept.latency.p99_ns as f64,
-                    10e6,
-                    100e6,
-                )),
-                Cell::from(format!("{:.0}", r.fork.rate_per_s)).style(d.level(
-                    r.fork.rate_per_s,
-                    100.0,
-                    1000.0,
-                )),
-                Cell::from(ns(r.fork.latency.p50_ns, r.fork.latency.count)),
-                Cell::from(ns(r.fork.latency.p99_ns, r.fork.latency.count)),
-                Cell::from(r.children_alive.to_string()),
-                Cell::from(l.time_wait.to_string()),
-                Cell::from(format!("{:.0}", l.time_wait_per_s)).style(d.level(
-                    l.time_wait_per_s,
-                    100.0,
-                    1000.0,
-                )),
-            ])
-        })
-        .collect();
+    let mut rows: Vec<Row<'_>> = Vec::new();
+    let mut selected_row = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if i == selected {
+            selected_row = rows.len();
+        }
+        let r = l.role;
+        rows.push(Row::new(vec![
+            Cell::from(r.role.clone()),
+            Cell::from(r.processes.to_string()),
+            Cell::from(format!("{:.0}", r.accept.rate_per_s)),
+            Cell::from(ns(r.accept.latency.p50_ns, r.accept.latency.count)),
+            Cell::from(ns(r.accept.latency.p99_ns, r.accept.latency.count)).style(d.level(
+                r.accept.latency.p99_ns as f64,
+                10e6,
+                100e6,
+            )),
+            Cell::from(format!("{:.0}", r.fork.rate_per_s)).style(d.level(
+                r.fork.rate_per_s,
+                100.0,
+                1000.0,
+            )),
+            Cell::from(ns(r.fork.latency.p50_ns, r.fork.latency.count)),
+            Cell::from(ns(r.fork.latency.p99_ns, r.fork.latency.count)),
+            Cell::from(r.children_alive.to_string()),
+            Cell::from(l.time_wait.to_string()),
+            Cell::from(format!("{:.0}", l.time_wait_per_s)).style(d.level(
+                l.time_wait_per_s,
+                100.0,
+                1000.0,
+            )),
+        ]));
+        // Expanded: one line per pid, with its own accept numbers when it
+        // accepted anything.
+        if d.expanded.contains(&r.role) {
+            let processes = d
+                .report
+                .as_ref()
+                .map(|rep| rep.processes.as_slice())
+                .unwrap_or_default();
+            for pid in &r.pids {
+                let p = processes.iter().find(|p| p.pid == *pid);
+                let (rate, p50, p99) = p.map_or(("-".into(), "-".into(), "-".into()), |p| {
+                    (
+                        format!("{:.0}", p.rate_per_s),
+                        ns(p.latency.p50_ns, p.latency.count),
+                        ns(p.latency.p99_ns, p.latency.count),
+                    )
+                });
+                rows.push(
+                    Row::new(vec![format!("  pid {pid}"), String::new(), rate, p50, p99])
+                        .style(d.style(Color::DarkGray)),
+                );
+            }
+            if r.processes > r.pids.len() {
+                rows.push(Row::new(vec![format!(
+                    "  … {} more",
+                    r.processes - r.pids.len()
+                )]));
+            }
+        }
+    }
     let widths = [
         Constraint::Min(12),
         Constraint::Length(4),
@@ -425,7 +471,7 @@ fn render_overview(
                 .borders(Borders::TOP)
                 .title(if lines.is_empty() { empty } else { " roles " }),
         );
-    let mut state = TableState::default().with_selected(Some(selected));
+    let mut state = TableState::default().with_selected(Some(selected_row));
     frame.render_stateful_widget(table, area, &mut state);
 }
 
@@ -609,7 +655,7 @@ fn render_insights(frame: &mut Frame, area: Rect, d: &Dashboard) {
 }
 
 fn render_help(frame: &mut Frame, area: Rect) {
-    let help = "q, Ctrl-C   quit\np           pause the view (collection goes on)\nr           reset histograms and counters\ns / S       next sort column / reverse\n/           filter roles by name\n↑ ↓         select a role\nEnter, Tab  detail of the selected role\nEsc         back to the overview\n?           this help";
+    let help = "q, Ctrl-C   quit\np           pause the view (collection goes on)\nr           reset histograms and counters\ns / S       next sort column / reverse\n/           filter roles by name\n↑ ↓         select a role\nx, ← →      show / hide the role's pids\nEnter, Tab  detail of the selected role\nEsc         back to the overview\n?           this help";
     let w = area.width.min(54);
     let h = area.height.min(11);
     let popup = Rect {
@@ -838,6 +884,23 @@ mod tests {
                 .0
                 .contains("reset histograms and counters")
         );
+    }
+
+    #[test]
+    fn a_role_expands_to_its_pids() {
+        let mut d = Dashboard::new(false);
+        d.update(report(), status());
+        d.key(key('x'));
+        let (text, _) = screen(&d, 80, 24);
+        let lines: Vec<&str> = text.lines().collect();
+        let pm = lines.iter().position(|l| l.starts_with("postgres postmaster ")).unwrap();
+        assert_eq!(
+            lines[pm + 1].split_whitespace().collect::<Vec<_>>(),
+            ["pid", "1", "412", "2.2µs", "2.4µs"],
+            "{text}"
+        );
+        d.key(key('x'));
+        assert!(!screen(&d, 80, 24).0.contains("pid 1 "));
     }
 
     #[test]
