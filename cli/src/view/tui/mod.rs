@@ -177,10 +177,10 @@ impl Dashboard {
             }
             KeyCode::Char('?') => self.help = !self.help,
             KeyCode::Char('x') | KeyCode::Right | KeyCode::Left => {
-                if let Some(role) = self.selected_role() {
-                    if !self.expanded.remove(&role) {
-                        self.expanded.insert(role);
-                    }
+                if let Some(role) = self.selected_role()
+                    && !self.expanded.remove(&role)
+                {
+                    self.expanded.insert(role);
                 }
             }
             KeyCode::Enter => self.screen = Screen::Detail,
@@ -893,7 +893,10 @@ mod tests {
         d.key(key('x'));
         let (text, _) = screen(&d, 80, 24);
         let lines: Vec<&str> = text.lines().collect();
-        let pm = lines.iter().position(|l| l.starts_with("postgres postmaster ")).unwrap();
+        let pm = lines
+            .iter()
+            .position(|l| l.starts_with("postgres postmaster "))
+            .unwrap();
         assert_eq!(
             lines[pm + 1].split_whitespace().collect::<Vec<_>>(),
             ["pid", "1", "412", "2.2µs", "2.4µs"],
