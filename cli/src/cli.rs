@@ -19,6 +19,35 @@ pub struct Cli {
 pub enum Command {
     /// Attach the probes and report per watched process, each interval and at exit.
     Watch(WatchArgs),
+    /// Percentiles and histograms from a recording made with `watch --record`.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The recording (an HdrHistogram interval log).
+    pub file: std::path::PathBuf,
+    /// Only roles whose name contains this.
+    #[arg(long)]
+    pub role: Option<String>,
+    /// Only this metric: accept, accept_queue, fork, thread, child_lifetime.
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// Only intervals starting at or after this offset into the recording (e.g. 30s).
+    #[arg(long, value_parser = parse_duration)]
+    pub from: Option<Duration>,
+    /// Only intervals starting before this offset.
+    #[arg(long, value_parser = parse_duration)]
+    pub to: Option<Duration>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: ReportFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    Text,
+    Json,
+    Csv,
 }
 
 #[derive(Debug, Args)]
@@ -49,6 +78,11 @@ pub struct WatchArgs {
     /// not a terminal); without it a terminal gets the live dashboard.
     #[arg(long)]
     pub no_tui: bool,
+
+    /// Record every interval's histograms (per role and metric) to this file,
+    /// as an HdrHistogram interval log; read it with `stackprobe report`.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<std::path::PathBuf>,
 
     /// Report each kernel program's run count and ns per run (turns on the
     /// kernel's BPF run-time statistics, which add ~20 ns to every BPF run).
@@ -88,12 +122,43 @@ mod tests {
             "--json",
         ])
         .unwrap();
-        let Command::Watch(w) = cli.command;
+        let Command::Watch(w) = cli.command else {
+            panic!("parsed as another command");
+        };
         assert_eq!(w.names, ["nginx", "postgres"]);
         assert_eq!(w.pids, [42]);
         assert_eq!(w.duration, Some(Duration::from_secs(10)));
         assert_eq!(w.interval, Duration::from_millis(500));
         assert!(w.json);
+    }
+
+    #[test]
+    fn parses_a_report_line() {
+        let cli = Cli::try_parse_from([
+            "stackprobe",
+            "report",
+            "run.hlog",
+            "--role",
+            "postgres",
+            "--metric",
+            "fork",
+            "--from",
+            "30s",
+            "--format",
+            "csv",
+        ])
+        .unwrap();
+        let Command::Report(r) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(r.file, std::path::PathBuf::from("run.hlog"));
+        assert_eq!(
+            (r.role.as_deref(), r.metric.as_deref()),
+            (Some("postgres"), Some("fork"))
+        );
+        assert_eq!(r.from, Some(Duration::from_secs(30)));
+        assert_eq!(r.format, ReportFormat::Csv);
+        assert!(Cli::try_parse_from(["stackprobe", "report", "x", "--format", "xml"]).is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod cmd;
+pub mod export;
 pub mod model;
 pub mod probes;
 pub mod procfs;

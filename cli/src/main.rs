@@ -7,6 +7,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Watch(args) => stackprobe::cmd::watch::run(args),
+        Command::Report(args) => stackprobe::cmd::report::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -479,3 +479,88 @@ impl Drop for TmuxSession {
             .output();
     }
 }
+
+#[test]
+fn a_recording_reads_back_with_the_runs_exact_counts() {
+    let _lock = probe_lock();
+    require_root();
+    let dir = TempDir::new("e2e-record");
+    let file = dir.0.join("run.hlog");
+    let mut server = Server::start(None);
+    let pid = server.pid.to_string();
+    let mut sp = Running::start(&[
+        "watch",
+        "--pid",
+        &pid,
+        "--json",
+        "--interval",
+        "300ms",
+        "--record",
+        file.to_str().unwrap(),
+    ]);
+    sp.wait_stderr("probes attached");
+    server.accept_queued(15, false, "accept4");
+    thread::sleep(Duration::from_millis(400));
+    server.accept_queued(5, false, "accept");
+    sp.signal(libc::SIGINT);
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+    assert!(stderr.contains("recorded"), "{stderr}");
+    let summary = json_lines(&stdout).pop().unwrap();
+    let live = row(&summary, server.pid).unwrap();
+    assert_eq!(live["count"], 20);
+
+    let out = run(Command::new(STACKPROBE).args([
+        "report",
+        file.to_str().unwrap(),
+        "--metric",
+        "accept",
+        "--format",
+        "json",
+    ]));
+    assert!(out.status.success(), "{out:?}");
+    let rows = json_lines(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["role"], "stackprobe-loop");
+    assert_eq!(rows[0]["count"], 20, "the recording holds every accept");
+    // Percentiles from the recording are the run's, within HdrHistogram's 0.1%.
+    for p in ["p50_ns", "p99_ns"] {
+        let (a, b) = (rows[0][p].as_f64().unwrap(), live[p].as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= b * 0.001 + 1.0,
+            "{p}: recording {a} vs run {b}"
+        );
+    }
+    let text = run(Command::new(STACKPROBE).args(["report", file.to_str().unwrap()]));
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("stackprobe-loop · accept  count 20"),
+        "{text:?}"
+    );
+
+    // Damaged or missing recordings, and a recording that cannot be created.
+    let data = std::fs::read(&file).unwrap();
+    let broken = dir.0.join("broken.hlog");
+    std::fs::write(&broken, &data[..data.len() - 10]).unwrap();
+    assert_fails(
+        &run(Command::new(STACKPROBE).args(["report", broken.to_str().unwrap()])),
+        1,
+        "broken.hlog: line ",
+    );
+    assert_fails(
+        &run(Command::new(STACKPROBE).args(["report", "/nonexistent/run.hlog"])),
+        1,
+        "reading /nonexistent/run.hlog",
+    );
+    assert_fails(
+        &run(Command::new(STACKPROBE).args([
+            "watch",
+            "--pid",
+            &pid,
+            "--record",
+            "/nonexistent/dir/x.hlog",
+        ])),
+        1,
+        "creating the recording /nonexistent/dir/x.hlog",
+    );
+    server.stop();
+}

@@ -17,6 +17,7 @@ use tokio::{
 
 use crate::{
     cli::WatchArgs,
+    export::hlog::{Interval, Recorder},
     model::{
         event::Event,
         links::{KernelCounters, Listener},
@@ -61,6 +62,8 @@ async fn watch(args: WatchArgs) -> Result<()> {
     for &pid in selector.pids() {
         probes.watch_pid(pid)?;
     }
+    let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
+    let mut record_error_shown = false;
     let mut table = ProcessTable::default();
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
@@ -139,6 +142,15 @@ async fn watch(args: WatchArgs) -> Result<()> {
                 }
                 let now = Instant::now();
                 let period = now - last_report;
+                if let Some(recorder) = &recorder {
+                    recorder.record(interval_histograms(&table, last_report - start, period));
+                    if let Some(e) = recorder.error()
+                        && !record_error_shown
+                    {
+                        record_error_shown = true;
+                        eprintln!("stackprobe: warning: {e}; the recording keeps what was written before");
+                    }
+                }
                 let report = build_report(ReportKind::Interval, &table, &probes, period, now - start, args.probe_cost)?;
                 last_report = now;
                 table.reset_interval();
@@ -171,6 +183,13 @@ async fn watch(args: WatchArgs) -> Result<()> {
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
     observe_sockets(&mut probes, &mut table)?;
+    if let Some(recorder) = &recorder {
+        recorder.record(interval_histograms(
+            &table,
+            last_report - start,
+            last_report.elapsed(),
+        ));
+    }
     let elapsed = start.elapsed();
     let summary = build_report(
         ReportKind::Summary,
@@ -181,6 +200,10 @@ async fn watch(args: WatchArgs) -> Result<()> {
         args.probe_cost,
     )?;
     emit(&mut out, &summary, args.json)?;
+    if let Some(recorder) = recorder {
+        let path = recorder.finish()?;
+        eprintln!("stackprobe: recorded {}", path.display());
+    }
     if events.undecodable() > 0 {
         eprintln!(
             "stackprobe: warning: {} ring buffer records had an unknown layout (probe/userspace mismatch)",
@@ -326,6 +349,27 @@ fn totals(probes: &Probes) -> Option<(u64, u64)> {
             .iter()
             .fold((0, 0), |(r, n), c| (r + c.runs, n + c.run_time_ns)),
     )
+}
+
+/// This interval's histograms of every role and metric that has samples.
+fn interval_histograms(
+    table: &ProcessTable,
+    start: std::time::Duration,
+    duration: std::time::Duration,
+) -> Interval {
+    let mut histograms = Vec::new();
+    for (role, (_, activity)) in table.roles() {
+        for (metric, m) in activity.metrics() {
+            if let Some(h) = m.interval.hdr().filter(|h| !h.is_empty()) {
+                histograms.push((role.clone(), metric, h.clone()));
+            }
+        }
+    }
+    Interval {
+        start,
+        duration,
+        histograms,
+    }
 }
 
 async fn until(deadline: Option<time::Instant>) {

@@ -58,6 +58,28 @@ impl LatencyHistogram {
         }
     }
 
+    /// The HdrHistogram itself (None before the first sample), for exporters.
+    pub fn hdr(&self) -> Option<&Histogram<u64>> {
+        self.hist.as_deref()
+    }
+
+    /// A distribution read back from a recording: count and percentiles as
+    /// recorded; min, max and mean within HdrHistogram's precision (0.1%).
+    pub fn from_hdr(hist: Histogram<u64>) -> Self {
+        let (min, max) = if hist.is_empty() {
+            (u64::MAX, 0)
+        } else {
+            (hist.min(), hist.max())
+        };
+        let sum = (hist.mean() * hist.len() as f64).round() as u128;
+        Self {
+            hist: Some(Box::new(hist)),
+            min,
+            max,
+            sum,
+        }
+    }
+
     fn hist_mut(&mut self) -> &mut Histogram<u64> {
         self.hist.get_or_insert_with(|| {
             Box::new(

@@ -86,6 +86,17 @@ pub struct Activity {
 }
 
 impl Activity {
+    /// Each latency metric by the name recordings use.
+    pub fn metrics(&self) -> [(&'static str, &Metric); 5] {
+        [
+            ("accept", &self.accept),
+            ("accept_queue", &self.accept_queue),
+            ("fork", &self.fork),
+            ("thread", &self.thread),
+            ("child_lifetime", &self.child_lifetime),
+        ]
+    }
+
     /// Nothing recorded since the start.
     pub fn is_empty(&self) -> bool {
         [

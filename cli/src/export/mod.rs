@@ -1,0 +1,3 @@
+//! Exporters: the model's histograms written out for later analysis.
+
+pub mod hlog;
