@@ -21,6 +21,23 @@ pub enum Command {
     Watch(WatchArgs),
     /// Percentiles and histograms from a recording made with `watch --record`.
     Report(ReportArgs),
+    /// Two recordings side by side: rates and percentiles before and after.
+    Diff(DiffArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    pub before: std::path::PathBuf,
+    pub after: std::path::PathBuf,
+    /// Only roles whose name contains this.
+    #[arg(long)]
+    pub role: Option<String>,
+    /// Only this metric: accept, accept_queue, fork, thread, child_lifetime.
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// One JSON object per role and metric instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -8,6 +8,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Watch(args) => stackprobe::cmd::watch::run(args),
         Command::Report(args) => stackprobe::cmd::report::run(args),
+        Command::Diff(args) => stackprobe::cmd::diff::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

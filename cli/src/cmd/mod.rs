@@ -1,4 +1,5 @@
 //! Subcommands: each wires probes, model and views together.
 
+pub mod diff;
 pub mod report;
 pub mod watch;

@@ -26,25 +26,42 @@ pub struct Row {
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
-    let rows = rows(&args)?;
+    let filter = Filter {
+        role: args.role,
+        metric: args.metric,
+        from: args.from,
+        to: args.to,
+    };
+    let rows = rows(&args.file, &filter)?;
     print!("{}", render(&rows, args.format));
     Ok(())
 }
 
-/// The recording's histograms merged per (role, metric), filtered.
-pub fn rows(args: &ReportArgs) -> Result<Vec<Row>> {
-    let mut merged: BTreeMap<(String, String), (LatencyHistogram, usize, f64)> = BTreeMap::new();
-    for r in hlog::read(&args.file)? {
-        if args
-            .role
+/// Which histograms of a recording to use.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// Roles whose name contains this.
+    pub role: Option<String>,
+    pub metric: Option<String>,
+    pub from: Option<std::time::Duration>,
+    pub to: Option<std::time::Duration>,
+}
+
+impl Filter {
+    fn keeps(&self, r: &hlog::Recorded) -> bool {
+        self.role
             .as_ref()
-            .is_some_and(|want| !r.role.contains(want.as_str()))
-            || args.metric.as_ref().is_some_and(|want| *want != r.metric)
-            || args.from.is_some_and(|from| r.start < from)
-            || args.to.is_some_and(|to| r.start >= to)
-        {
-            continue;
-        }
+            .is_none_or(|want| r.role.contains(want.as_str()))
+            && self.metric.as_ref().is_none_or(|want| *want == r.metric)
+            && self.from.is_none_or(|from| r.start >= from)
+            && self.to.is_none_or(|to| r.start < to)
+    }
+}
+
+/// The recording's histograms merged per (role, metric), filtered.
+pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
+    let mut merged: BTreeMap<(String, String), (LatencyHistogram, usize, f64)> = BTreeMap::new();
+    for r in hlog::read(file)?.into_iter().filter(|r| filter.keeps(r)) {
         let (hist, n, secs) = merged
             .entry((r.role, r.metric))
             .or_insert_with(|| (LatencyHistogram::new(), 0, 0.0));
@@ -53,7 +70,7 @@ pub fn rows(args: &ReportArgs) -> Result<Vec<Row>> {
         *secs += r.duration.as_secs_f64();
     }
     if merged.is_empty() {
-        bail!("nothing in {} matches the filters", args.file.display());
+        bail!("nothing in {} matches the filters", file.display());
     }
     Ok(merged
         .into_iter()
