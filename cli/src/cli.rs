@@ -96,6 +96,11 @@ pub struct WatchArgs {
     #[arg(long)]
     pub no_tui: bool,
 
+    /// Serve Prometheus / OpenMetrics metrics at http://ADDR/metrics (e.g.
+    /// 127.0.0.1:9464; port 0 picks a free one).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+
     /// Record every interval's histograms (per role and metric) to this file,
     /// as an HdrHistogram interval log; read it with `stackprobe report`.
     #[arg(long, value_name = "FILE")]

@@ -564,3 +564,89 @@ fn a_recording_reads_back_with_the_runs_exact_counts() {
     );
     server.stop();
 }
+
+/// GET /metrics over loopback.
+fn scrape(addr: &str) -> String {
+    use std::io::Write as _;
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(conn, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    body.to_string()
+}
+
+/// The value of the sample line `name{labels}` in OpenMetrics text.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn the_metrics_endpoint_serves_the_runs_histograms_as_openmetrics() {
+    let _lock = probe_lock();
+    require_root();
+    let mut server = Server::start(None);
+    let pid = server.pid.to_string();
+    let mut sp = Running::start(&[
+        "watch",
+        "--pid",
+        &pid,
+        "--json",
+        "--interval",
+        "300ms",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    sp.wait_stderr("probes attached");
+    let addr = sp
+        .seen
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("stackprobe: metrics on http://")?
+                .strip_suffix("/metrics")
+        })
+        .unwrap_or_else(|| panic!("no metrics address in:\n{}", sp.seen))
+        .to_string();
+    server.accept_queued(14, false, "accept4");
+    thread::sleep(Duration::from_millis(700));
+    let body = scrape(&addr);
+    // OpenMetrics: typed families, one histogram per role and metric, # EOF.
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    assert!(
+        body.contains("# TYPE stackprobe_latency_seconds histogram"),
+        "{body}"
+    );
+    let labels = r#"role="stackprobe-loop",metric="accept"}"#;
+    let count = format!("stackprobe_latency_seconds_count{{{labels}");
+    assert_eq!(sample(&body, &count), Some(14.0), "{body}");
+    let inf = format!("stackprobe_latency_seconds_bucket{{le=\"+Inf\",{labels}");
+    assert_eq!(sample(&body, &inf), Some(14.0), "{body}");
+    let buckets: Vec<f64> = body
+        .lines()
+        .filter(|l| l.starts_with("stackprobe_latency_seconds_bucket{le=") && l.contains(labels))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        buckets.windows(2).all(|w| w[0] <= w[1]),
+        "buckets must be cumulative: {buckets:?}"
+    );
+    let sum = sample(&body, &format!("stackprobe_latency_seconds_sum{{{labels}")).unwrap();
+    assert!(sum > 0.0 && sum < 14.0, "{sum}");
+    assert_eq!(
+        sample(&body, "stackprobe_processes{role=\"stackprobe-loop\"}"),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, "stackprobe_dropped_events"),
+        Some(0.0),
+        "{body}"
+    );
+    sp.signal(libc::SIGINT);
+    let (status, _, stderr) = sp.finish();
+    assert!(status.success(), "{stderr}");
+    server.stop();
+}

@@ -17,7 +17,10 @@ use tokio::{
 
 use crate::{
     cli::WatchArgs,
-    export::hlog::{Interval, Recorder},
+    export::{
+        hlog::{Interval, Recorder},
+        prometheus::{Endpoint, Snapshot},
+    },
     model::{
         event::Event,
         links::{KernelCounters, Listener},
@@ -63,6 +66,14 @@ async fn watch(args: WatchArgs) -> Result<()> {
         probes.watch_pid(pid)?;
     }
     let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
+    let endpoint = match args.listen {
+        Some(addr) => {
+            let endpoint = Endpoint::start(addr).await?;
+            eprintln!("stackprobe: metrics on http://{}/metrics", endpoint.addr);
+            Some(endpoint)
+        }
+        None => None,
+    };
     let mut record_error_shown = false;
     let mut table = ProcessTable::default();
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
@@ -152,6 +163,9 @@ async fn watch(args: WatchArgs) -> Result<()> {
                     }
                 }
                 let report = build_report(ReportKind::Interval, &table, &probes, period, now - start, args.probe_cost)?;
+                if let Some(endpoint) = &endpoint {
+                    endpoint.publish(Snapshot::take(&table, &report));
+                }
                 last_report = now;
                 table.reset_interval();
                 match ui.as_mut() {

@@ -1,3 +1,4 @@
 //! Exporters: the model's histograms written out for later analysis.
 
 pub mod hlog;
+pub mod prometheus;

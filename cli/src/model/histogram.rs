@@ -58,6 +58,22 @@ impl LatencyHistogram {
         }
     }
 
+    /// Sum of every sample, in ns (exact).
+    pub fn sum_ns(&self) -> u128 {
+        self.sum
+    }
+
+    /// How many samples are at most `ns` — exact when `ns + 1` is a power
+    /// of two (HdrHistogram's sub-buckets never straddle one).
+    pub fn count_at_most(&self, ns: u64) -> u64 {
+        self.hist.as_ref().map_or(0, |h| {
+            h.iter_recorded()
+                .filter(|v| h.lowest_equivalent(v.value_iterated_to()) <= ns)
+                .map(|v| v.count_at_value())
+                .sum()
+        })
+    }
+
     /// The HdrHistogram itself (None before the first sample), for exporters.
     pub fn hdr(&self) -> Option<&Histogram<u64>> {
         self.hist.as_deref()
