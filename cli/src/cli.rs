@@ -38,6 +38,10 @@ pub struct DiffArgs {
     /// One JSON object per role and metric instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Compare per process name, merging its roles (a server that forks in
+    /// one run and not in the other has different roles).
+    #[arg(long)]
+    pub by_process: bool,
 }
 
 #[derive(Debug, Args)]

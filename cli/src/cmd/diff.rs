@@ -29,6 +29,7 @@ pub fn run(args: DiffArgs) -> Result<()> {
     let filter = Filter {
         role: args.role,
         metric: args.metric,
+        by_process: args.by_process,
         ..Filter::default()
     };
     let changes = changes(&rows(&args.before, &filter)?, &rows(&args.after, &filter)?);

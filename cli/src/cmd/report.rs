@@ -31,6 +31,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
         metric: args.metric,
         from: args.from,
         to: args.to,
+        by_process: false,
     };
     let rows = rows(&args.file, &filter)?;
     print!("{}", render(&rows, args.format));
@@ -45,6 +46,10 @@ pub struct Filter {
     pub metric: Option<String>,
     pub from: Option<std::time::Duration>,
     pub to: Option<std::time::Duration>,
+    /// Merge every role of a process name (`postgres postmaster` and
+    /// `postgres backend` into `postgres`): runs whose roles differ (a server
+    /// that forked in one and not the other) then line up.
+    pub by_process: bool,
 }
 
 impl Filter {
@@ -62,8 +67,13 @@ impl Filter {
 pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
     let mut merged: BTreeMap<(String, String), (LatencyHistogram, usize, f64)> = BTreeMap::new();
     for r in hlog::read(file)?.into_iter().filter(|r| filter.keeps(r)) {
+        let role = if filter.by_process {
+            r.role.split(' ').next().unwrap_or_default().to_string()
+        } else {
+            r.role
+        };
         let (hist, n, secs) = merged
-            .entry((r.role, r.metric))
+            .entry((role, r.metric))
             .or_insert_with(|| (LatencyHistogram::new(), 0, 0.0));
         hist.add(&LatencyHistogram::from_hdr(r.histogram));
         *n += 1;
@@ -142,4 +152,90 @@ pub fn render(rows: &[Row], format: ReportFormat) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use hdrhistogram::Histogram;
+
+    use super::*;
+    use crate::export::hlog::{Interval, Recorder};
+
+    #[test]
+    fn filters_windows_and_process_merging() {
+        let dir = std::env::temp_dir().join(format!("sp-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.hlog");
+        let rec = Recorder::create(&path).unwrap();
+        for i in 0..4u64 {
+            let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+            h.record_n(1_000 * (i + 1), 10).unwrap();
+            rec.record(Interval {
+                start: Duration::from_secs(i),
+                duration: Duration::from_secs(1),
+                histograms: vec![
+                    ("x master".into(), "accept", h.clone()),
+                    ("x worker".into(), "accept", h),
+                ],
+            });
+        }
+        rec.finish().unwrap();
+        let all = rows(&path, &Filter::default()).unwrap();
+        assert_eq!(
+            all.iter()
+                .map(|r| (r.role.as_str(), r.latency.count))
+                .collect::<Vec<_>>(),
+            [("x master", 40), ("x worker", 40)]
+        );
+        let merged = rows(
+            &path,
+            &Filter {
+                by_process: true,
+                ..Filter::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                merged.len(),
+                merged[0].role.as_str(),
+                merged[0].latency.count
+            ),
+            (1, "x", 80)
+        );
+        let window = rows(
+            &path,
+            &Filter {
+                role: Some("master".into()),
+                from: Some(Duration::from_secs(2)),
+                ..Filter::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (window.len(), window[0].latency.count, window[0].intervals),
+            (1, 20, 2)
+        );
+        assert!(
+            window[0].latency.min_ns.abs_diff(3_000) <= 3,
+            "{:?}",
+            window[0].latency
+        );
+        assert!(
+            rows(
+                &path,
+                &Filter {
+                    metric: Some("fork".into()),
+                    ..Filter::default()
+                }
+            )
+            .is_err()
+        );
+        let csv = render(&all, ReportFormat::Csv);
+        assert!(csv.starts_with("role,metric,intervals,count,"), "{csv}");
+        assert!(csv.contains("\"x master\",accept,4,40,"), "{csv}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
