@@ -330,3 +330,56 @@ mod tests {
         assert!(parse(b"not a log\nat all\n").is_err());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A small valid recording to mutate.
+    fn valid() -> Vec<u8> {
+        let mut h: Histogram<u64> = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        for v in [10u64, 2_000, 30_000, 4_000_000] {
+            h.record(v).unwrap();
+        }
+        let mut out = Vec::new();
+        let mut serializer = V2DeflateSerializer::new();
+        {
+            let mut log = IntervalLogWriterBuilder::new()
+                .begin_log_with(&mut out, &mut serializer)
+                .unwrap();
+            let t = tag("postgres postmaster", "accept");
+            log.write_histogram(
+                &h,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+                Tag::new(&t),
+            )
+            .unwrap();
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse(&data);
+        }
+
+        #[test]
+        fn mutated_recordings_never_panic(at in 0usize..1000, byte in any::<u8>(), cut in 0usize..1000) {
+            let mut data = valid();
+            let i = at % data.len();
+            data[i] = byte;
+            data.truncate(data.len() - cut % data.len());
+            if let Err(e) = parse(&data) {
+                // Errors say where, or that nothing usable was found.
+                let msg = e.to_string();
+                prop_assert!(msg.starts_with("line ") || msg.contains("no histograms"), "{}", msg);
+            }
+        }
+    }
+}
