@@ -100,8 +100,8 @@ mod tests {
 
     use super::*;
     use crate::model::{
-        event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
-        process::{LiveProcess, ProcessTable},
+        fixtures::{fork_per_connection, live},
+        process::ProcessTable,
         report::Drops,
     };
 
@@ -109,42 +109,9 @@ mod tests {
     /// backend for each, each living 9 ms.
     fn forking(n: u32) -> Report {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[LiveProcess {
-            pid: 1,
-            name: "postgres".into(),
-            title: None,
-            parent: None,
-        }]);
-        for i in 0..n {
-            let child = 100 + i;
-            t.apply(&Event::Accept(AcceptSample {
-                tgid: 1,
-                tid: 1,
-                comm: "postgres".into(),
-                conn_fd: 5,
-                latency_ns: 1_000,
-                queue_wait_ns: None,
-            }));
-            t.apply(&Event::Spawn(SpawnSample {
-                parent_tgid: 1,
-                child,
-                kind: TaskKind::Process,
-                ts_ns: 0,
-                comm: "postgres".into(),
-            }));
-            t.apply(&Event::Fork(ForkSample {
-                tgid: 1,
-                tid: 1,
-                comm: "postgres".into(),
-                ret: child as i32,
-                kind: TaskKind::Process,
-                latency_ns: 90_000,
-            }));
-            t.apply(&Event::Exit(ExitSample {
-                tgid: child,
-                ts_ns: 9_000_000,
-            }));
-        }
+        t.sync_watched(&[live(1, "postgres")]);
+        let n = n as usize;
+        fork_per_connection(&mut t, 1, "postgres", &vec![1_000; n], 90_000, n, 9_000_000);
         Report::build(
             ReportKind::Interval,
             &t,

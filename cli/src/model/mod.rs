@@ -3,6 +3,8 @@
 //! unit-tested without root.
 
 pub mod event;
+#[cfg(test)]
+pub mod fixtures;
 pub mod histogram;
 pub mod insights;
 pub mod links;

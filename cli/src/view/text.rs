@@ -256,8 +256,8 @@ mod tests {
 
     use super::*;
     use crate::model::{
-        event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
-        process::{LiveProcess, ProcessTable},
+        fixtures::{fork_per_connection, live},
+        process::ProcessTable,
         report::Drops,
     };
 
@@ -265,44 +265,16 @@ mod tests {
     /// for each; two backends exited after 9 ms.
     fn report(drops: Drops) -> Report {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[LiveProcess {
-            pid: 42,
-            name: "postgres".into(),
-            title: None,
-            parent: None,
-        }]);
-        for (i, ns) in [900u64, 2_500, 12_000].into_iter().enumerate() {
-            let child = 100 + i as u32;
-            t.apply(&Event::Accept(AcceptSample {
-                tgid: 42,
-                tid: 42,
-                comm: "postgres".into(),
-                conn_fd: 7,
-                latency_ns: ns,
-                queue_wait_ns: None,
-            }));
-            t.apply(&Event::Spawn(SpawnSample {
-                parent_tgid: 42,
-                child,
-                kind: TaskKind::Process,
-                ts_ns: 0,
-                comm: "postgres".into(),
-            }));
-            t.apply(&Event::Fork(ForkSample {
-                tgid: 42,
-                tid: 42,
-                comm: "x".into(),
-                ret: child as i32,
-                kind: TaskKind::Process,
-                latency_ns: 100_000,
-            }));
-        }
-        for child in [100, 101] {
-            t.apply(&Event::Exit(ExitSample {
-                tgid: child,
-                ts_ns: 9_000_000,
-            }));
-        }
+        t.sync_watched(&[live(42, "postgres")]);
+        fork_per_connection(
+            &mut t,
+            42,
+            "postgres",
+            &[900, 2_500, 12_000],
+            100_000,
+            2,
+            9_000_000,
+        );
         Report::build(
             ReportKind::Interval,
             &t,

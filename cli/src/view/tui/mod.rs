@@ -679,8 +679,8 @@ mod tests {
 
     use super::*;
     use crate::model::{
-        event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
-        process::{LiveProcess, ProcessTable},
+        fixtures::{fork_per_connection, live},
+        process::ProcessTable,
         report::{Drops, ReportKind},
     };
 
@@ -688,50 +688,9 @@ mod tests {
     /// backend for each (9 ms lives), and an idle nginx.
     fn report() -> Report {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[
-            LiveProcess {
-                pid: 1,
-                name: "postgres".into(),
-                title: None,
-                parent: None,
-            },
-            LiveProcess {
-                pid: 2,
-                name: "nginx".into(),
-                title: None,
-                parent: None,
-            },
-        ]);
-        for i in 0..412u32 {
-            let child = 100 + i;
-            t.apply(&Event::Accept(AcceptSample {
-                tgid: 1,
-                tid: 1,
-                comm: "postgres".into(),
-                conn_fd: 5,
-                latency_ns: 2_000 + u64::from(i),
-                queue_wait_ns: None,
-            }));
-            t.apply(&Event::Spawn(SpawnSample {
-                parent_tgid: 1,
-                child,
-                kind: TaskKind::Process,
-                ts_ns: 0,
-                comm: "postgres".into(),
-            }));
-            t.apply(&Event::Fork(ForkSample {
-                tgid: 1,
-                tid: 1,
-                comm: "postgres".into(),
-                ret: child as i32,
-                kind: TaskKind::Process,
-                latency_ns: 90_000,
-            }));
-            t.apply(&Event::Exit(ExitSample {
-                tgid: child,
-                ts_ns: 9_000_000,
-            }));
-        }
+        t.sync_watched(&[live(1, "postgres"), live(2, "nginx")]);
+        let latencies: Vec<u64> = (0..412).map(|i| 2_000 + i).collect();
+        fork_per_connection(&mut t, 1, "postgres", &latencies, 90_000, 412, 9_000_000);
         Report::build(
             ReportKind::Interval,
             &t,
