@@ -62,6 +62,10 @@ pub struct ReportArgs {
     pub to: Option<Duration>,
     #[arg(long, value_enum, default_value = "text")]
     pub format: ReportFormat,
+    /// Also draw the distribution by percentile and p99 over time into this
+    /// SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

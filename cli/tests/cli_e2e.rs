@@ -537,6 +537,21 @@ fn a_recording_reads_back_with_the_runs_exact_counts() {
         "{text:?}"
     );
 
+    let svg = dir.0.join("run.svg");
+    let plotted = run(Command::new(STACKPROBE).args([
+        "report",
+        file.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]));
+    assert!(plotted.status.success(), "{plotted:?}");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("stackprobe-loop · accept"),
+        "{}",
+        &svg[..200.min(svg.len())]
+    );
+
     // Damaged or missing recordings, and a recording that cannot be created.
     let data = std::fs::read(&file).unwrap();
     let broken = dir.0.join("broken.hlog");

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::{
     cli::{ReportArgs, ReportFormat},
-    export::hlog,
+    export::{hlog, plot},
     model::histogram::{LatencyHistogram, Log2Bucket, Summary},
     view::text::log2_bars,
 };
@@ -35,7 +35,30 @@ pub fn run(args: ReportArgs) -> Result<()> {
     };
     let rows = rows(&args.file, &filter)?;
     print!("{}", render(&rows, args.format));
+    if let Some(path) = &args.plot {
+        plot::svg(path, &series(&args.file, &filter)?)?;
+        eprintln!("stackprobe: plotted {}", path.display());
+    }
     Ok(())
+}
+
+/// Per role and metric: the merged histogram and p99 per interval, to plot.
+pub fn series(file: &std::path::Path, filter: &Filter) -> Result<Vec<plot::Series>> {
+    let mut by_key: BTreeMap<String, plot::Series> = BTreeMap::new();
+    for r in hlog::read(file)?.into_iter().filter(|r| filter.keeps(r)) {
+        let label = format!("{} · {}", r.role, r.metric);
+        let s = by_key.entry(label.clone()).or_insert_with(|| plot::Series {
+            label,
+            total: hdrhistogram::Histogram::new_from(&r.histogram),
+            p99_over_time: Vec::new(),
+        });
+        s.p99_over_time
+            .push((r.start.as_secs_f64(), r.histogram.value_at_quantile(0.99)));
+        s.total
+            .add(&r.histogram)
+            .map_err(|e| anyhow::anyhow!("merging histograms: {e:?}"))?;
+    }
+    Ok(by_key.into_values().collect())
 }
 
 /// Which histograms of a recording to use.

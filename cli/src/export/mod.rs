@@ -1,4 +1,5 @@
 //! Exporters: the model's histograms written out for later analysis.
 
 pub mod hlog;
+pub mod plot;
 pub mod prometheus;
