@@ -45,7 +45,10 @@ pub fn run(args: ReportArgs) -> Result<()> {
 /// Per role and metric: the merged histogram and p99 per interval, to plot.
 pub fn series(file: &std::path::Path, filter: &Filter) -> Result<Vec<plot::Series>> {
     let mut by_key: BTreeMap<String, plot::Series> = BTreeMap::new();
-    for r in hlog::read(file)?.into_iter().filter(|r| filter.keeps(r)) {
+    hlog::for_each(file, |r| {
+        if !filter.keeps(&r) {
+            return Ok(());
+        }
         let label = format!("{} · {}", r.role, r.metric);
         let s = by_key.entry(label.clone()).or_insert_with(|| plot::Series {
             label,
@@ -57,7 +60,8 @@ pub fn series(file: &std::path::Path, filter: &Filter) -> Result<Vec<plot::Serie
         s.total
             .add(&r.histogram)
             .map_err(|e| anyhow::anyhow!("merging histograms: {e:?}"))?;
-    }
+        Ok(())
+    })?;
     Ok(by_key.into_values().collect())
 }
 
@@ -89,7 +93,10 @@ impl Filter {
 /// The recording's histograms merged per (role, metric), filtered.
 pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
     let mut merged: BTreeMap<(String, String), (LatencyHistogram, usize, f64)> = BTreeMap::new();
-    for r in hlog::read(file)?.into_iter().filter(|r| filter.keeps(r)) {
+    hlog::for_each(file, |r| {
+        if !filter.keeps(&r) {
+            return Ok(());
+        }
         let role = if filter.by_process {
             r.role.split(' ').next().unwrap_or_default().to_string()
         } else {
@@ -101,7 +108,8 @@ pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
         hist.add(&LatencyHistogram::from_hdr(r.histogram));
         *n += 1;
         *secs += r.duration.as_secs_f64();
-    }
+        Ok(())
+    })?;
     if merged.is_empty() {
         bail!("nothing in {} matches the filters", file.display());
     }

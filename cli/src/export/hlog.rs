@@ -161,34 +161,74 @@ pub struct Recorded {
 /// Reads a recording; a corrupt or truncated one is an error naming the file
 /// and line.
 pub fn read(path: &Path) -> Result<Vec<Recorded>> {
-    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    parse(&data).map_err(|e| anyhow!("{}: {e}", path.display()))
+    let mut out = Vec::new();
+    for_each(path, |r| {
+        out.push(r);
+        Ok(())
+    })?;
+    Ok(out)
 }
 
-fn line_of(data: &[u8], offset: usize) -> usize {
-    data[..offset.min(data.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
+/// Hands each histogram of a recording to `f` in order, holding one at a
+/// time (an hour at 1 s for a few roles is tens of thousands of them).
+pub fn for_each(path: &Path, f: impl FnMut(Recorded) -> Result<()>) -> Result<()> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_each(&data, f).map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
 pub fn parse(data: &[u8]) -> Result<Vec<Recorded>> {
     let mut out = Vec::new();
+    parse_each(data, |r| {
+        out.push(r);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Line numbers by byte offset, counted incrementally (offsets only grow).
+struct Lines<'a> {
+    data: &'a [u8],
+    offset: usize,
+    line: usize,
+}
+
+impl Lines<'_> {
+    fn at(&mut self, offset: usize) -> usize {
+        let offset = offset.min(self.data.len());
+        if offset < self.offset {
+            self.offset = 0;
+            self.line = 1;
+        }
+        self.line += self.data[self.offset..offset]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        self.offset = offset;
+        self.line
+    }
+}
+
+fn parse_each(data: &[u8], mut f: impl FnMut(Recorded) -> Result<()>) -> Result<()> {
     let mut deserializer = Deserializer::new();
+    let mut lines = Lines {
+        data,
+        offset: 0,
+        line: 1,
+    };
     let mut offset = 0;
+    let mut seen = 0usize;
     for entry in IntervalLogIterator::new(data) {
         let entry = entry.map_err(|e| {
             let hdrhistogram::serialization::interval_log::LogIteratorError::ParseError { offset } =
                 e;
-            anyhow!("line {}: not an interval log line", line_of(data, offset))
+            anyhow!("line {}: not an interval log line", lines.at(offset))
         })?;
         let LogEntry::Interval(h) = entry else {
             continue;
         };
         let encoded = h.encoded_histogram();
         offset = find(data, encoded.as_bytes(), offset);
-        let line = line_of(data, offset);
+        let line = lines.at(offset);
         let tag = h
             .tag()
             .ok_or_else(|| anyhow!("line {line}: a histogram without a role/metric tag"))?;
@@ -200,18 +240,19 @@ pub fn parse(data: &[u8]) -> Result<Vec<Recorded>> {
         let histogram: Histogram<u64> = deserializer
             .deserialize(&mut Cursor::new(bytes))
             .map_err(|e| anyhow!("line {line}: bad histogram: {e:?}"))?;
-        out.push(Recorded {
+        seen += 1;
+        f(Recorded {
             start: h.start_timestamp(),
             duration: h.duration(),
             role,
             metric,
             histogram,
-        });
+        })?;
     }
-    if out.is_empty() {
+    if seen == 0 {
         bail!("no histograms in this recording (empty or not a stackprobe recording)");
     }
-    Ok(out)
+    Ok(())
 }
 
 fn find(data: &[u8], needle: &[u8], from: usize) -> usize {
