@@ -60,8 +60,14 @@ impl ProgramCost {
     }
 }
 
+/// The `--json` schema: bumped when a field changes meaning or goes away
+/// (new fields may appear without a bump).
+pub const SCHEMA: &str = "stackprobe.watch/1";
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// Always [`SCHEMA`].
+    pub schema: &'static str,
     #[serde(rename = "type")]
     pub kind: ReportKind,
     /// Seconds since stackprobe attached its probes.
@@ -303,6 +309,7 @@ impl Report {
         processes.sort_by(|a, b| b.total.cmp(&a.total).then(a.pid.cmp(&b.pid)));
         let tcp = tcp_report(&p, table);
         Self {
+            schema: SCHEMA,
             kind,
             elapsed_s: elapsed.as_secs_f64(),
             period_s: p.secs,
@@ -663,6 +670,7 @@ mod tests {
             Drops::default(),
         );
         let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["schema"], "stackprobe.watch/1");
         assert_eq!(v["type"], "summary");
         assert_eq!(v["drops"], 0);
         let p = &v["processes"][0];
