@@ -10,6 +10,8 @@ pub struct ProcInfo {
     pub ppid: u32,
     pub comm: String,
     pub exe_basename: Option<String>,
+    /// A zombie: exited, not yet reaped.
+    pub zombie: bool,
 }
 
 impl ProcInfo {
@@ -23,6 +25,10 @@ pub fn read(pid: u32) -> Option<ProcInfo> {
     let dir = Path::new("/proc").join(pid.to_string());
     let status = fs::read_to_string(dir.join("status")).ok()?;
     let (tgid, ppid) = parse_status(&status)?;
+    let zombie = status
+        .lines()
+        .find_map(|l| l.strip_prefix("State:"))
+        .is_some_and(|s| matches!(s.trim_start().chars().next(), Some('Z' | 'X')));
     let comm = fs::read_to_string(dir.join("comm"))
         .ok()?
         .trim_end_matches('\n')
@@ -43,6 +49,7 @@ pub fn read(pid: u32) -> Option<ProcInfo> {
         ppid,
         comm,
         exe_basename,
+        zombie,
     })
 }
 
@@ -54,8 +61,8 @@ pub fn processes() -> Vec<ProcInfo> {
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| !has_exited(pid))
         .filter_map(read)
+        .filter(|p| !p.zombie)
         .collect()
 }
 
@@ -180,6 +187,7 @@ mod tests {
     fn reads_this_process() {
         let me = read(std::process::id()).unwrap();
         assert!(me.is_process());
+        assert!(!me.zombie);
         assert_eq!(me.ppid, std::os::unix::process::parent_id());
         assert!(!me.comm.is_empty());
     }

@@ -246,6 +246,7 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted() {
     let mut server = Server::start(None);
     let mut s = Session::start();
     s.probes.watch_pid(server.pid).unwrap();
+    s.sync();
     // Tells the kernel the server owns its listening port.
     stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
 

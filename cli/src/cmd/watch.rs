@@ -421,14 +421,10 @@ pub fn observe_sockets(probes: &mut Probes, table: &mut ProcessTable) -> Result<
         .collect();
     let mut listeners: HashMap<u16, u32> = HashMap::new();
     if !listening.is_empty() {
-        // Lowest pid first: a master and its workers share the listening
-        // socket, and the master is named its owner.
-        let mut pids: Vec<u32> = probes
-            .watched()
-            .into_iter()
-            .map(|(pid, _)| pid)
-            .filter(|&pid| procfs::read(pid).is_some_and(|p| p.is_process()))
-            .collect();
+        // The watched processes the last sync found in /proc. Lowest pid
+        // first: a master and its workers share the listening socket, and
+        // the master is named its owner.
+        let mut pids: Vec<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
         pids.sort_unstable();
         for pid in pids {
             for ino in procfs::socket_inodes(pid) {
