@@ -63,8 +63,8 @@ pub struct ReportArgs {
     #[arg(long, value_enum, default_value = "text")]
     pub format: ReportFormat,
     /// Also draw the distribution by percentile and p99 over time into this
-    /// SVG file.
-    #[arg(long, value_name = "FILE.svg")]
+    /// SVG or PNG file (chosen by the extension).
+    #[arg(long, value_name = "FILE.svg|FILE.png")]
     pub plot: Option<std::path::PathBuf>,
 }
 

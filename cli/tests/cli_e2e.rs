@@ -551,6 +551,16 @@ fn a_recording_reads_back_with_the_runs_exact_counts() {
         "{}",
         &svg[..200.min(svg.len())]
     );
+    let png = dir.0.join("run.png");
+    let plotted = run(Command::new(STACKPROBE).args([
+        "report",
+        file.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ]));
+    assert!(plotted.status.success(), "{plotted:?}");
+    let png = std::fs::read(&png).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
 
     // Damaged or missing recordings, and a recording that cannot be created.
     let data = std::fs::read(&file).unwrap();

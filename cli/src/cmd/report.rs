@@ -36,7 +36,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
     let rows = rows(&args.file, &filter)?;
     print!("{}", render(&rows, args.format));
     if let Some(path) = &args.plot {
-        plot::svg(path, &series(&args.file, &filter)?)?;
+        plot::write(path, &series(&args.file, &filter)?)?;
         eprintln!("stackprobe: plotted {}", path.display());
     }
     Ok(())

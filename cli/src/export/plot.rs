@@ -1,12 +1,20 @@
-//! `report --plot FILE.svg`: the pictures people put in reports. Top: the
-//! latency distribution by percentile ("nines" on the x axis: p90, p99,
-//! p99.9…), one line per role and metric; bottom: p99 over time per interval.
+//! `report --plot FILE.svg|FILE.png`: the pictures people put in reports.
+//! Top: the latency distribution by percentile ("nines" on the x axis: p90,
+//! p99, p99.9…), one line per role and metric; bottom: p99 over time per
+//! interval.
 
-use std::path::Path;
+use std::{
+    path::Path,
+    sync::{Mutex, OnceLock},
+};
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;
-use plotters::prelude::*;
+use plotters::{
+    coord::Shift,
+    prelude::*,
+    style::{FontStyle, register_font},
+};
 
 /// One role and metric to draw.
 pub struct Series {
@@ -31,12 +39,70 @@ fn nines_label(x: f64) -> String {
     }
 }
 
-pub fn svg(path: &Path, series: &[Series]) -> Result<()> {
+/// TrueType fonts tried in order: both backends need one to measure labels,
+/// and the PNG one to draw them. Debian's fonts-dejavu-core is installed by
+/// `cargo xtask setup`.
+const FONTS: [&str; 4] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+/// Loads the first font found once per process; plotters keeps a `'static`
+/// reference to it, so the bytes are leaked on purpose (a few hundred KiB).
+fn load_font() -> Result<()> {
+    static LOADED: OnceLock<()> = OnceLock::new();
+    static LOADING: Mutex<()> = Mutex::new(());
+    let _guard = LOADING.lock().unwrap_or_else(|e| e.into_inner());
+    if LOADED.get().is_some() {
+        return Ok(());
+    }
+    let path = FONTS
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .ok_or_else(|| {
+            anyhow!(
+                "plotting needs a TrueType font and none of {} exists; \
+                 install one (Debian: apt install fonts-dejavu-core)",
+                FONTS.join(", ")
+            )
+        })?;
+    let bytes: &'static [u8] =
+        Vec::leak(std::fs::read(path).with_context(|| format!("reading {path}"))?);
+    register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow!("{path} is not a TrueType font plotters can read"))?;
+    let _ = LOADED.set(());
+    Ok(())
+}
+
+/// Draws into `path`, an SVG or PNG file chosen by its extension.
+pub fn write(path: &Path, series: &[Series]) -> Result<()> {
     if series.is_empty() {
         bail!("nothing to plot");
     }
-    let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
-    let root = SVGBackend::new(path, (1000, 800)).into_drawing_area();
+    let size = (1000, 800);
+    let extension = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    load_font()?;
+    let drawn = match extension.as_deref() {
+        Some("svg") => draw(SVGBackend::new(path, size).into_drawing_area(), series),
+        Some("png") => draw(BitMapBackend::new(path, size).into_drawing_area(), series),
+        _ => bail!(
+            "{}: --plot writes .svg or .png files; name the file with one of those extensions",
+            path.display()
+        ),
+    };
+    drawn.with_context(|| format!("drawing {}", path.display()))
+}
+
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, series: &[Series]) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e}");
     root.fill(&WHITE).map_err(err)?;
     let (top, bottom) = root.split_vertically(400);
     let us = |ns: u64| (ns.max(1) as f64) / 1e3;
@@ -51,6 +117,7 @@ pub fn svg(path: &Path, series: &[Series]) -> Result<()> {
     let mut dist = ChartBuilder::on(&top)
         .caption("latency by percentile", ("sans-serif", 20))
         .margin(10)
+        .margin_right(40)
         .x_label_area_size(30)
         .y_label_area_size(60)
         .build_cartesian_2d(0f64..4f64, (min_us..max_us).log_scale())
@@ -131,12 +198,8 @@ mod tests {
         h
     }
 
-    #[test]
-    fn the_svg_holds_both_plots_with_a_line_per_series() {
-        let dir = std::env::temp_dir().join(format!("sp-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("p.svg");
-        let series = vec![
+    fn two_series() -> Vec<Series> {
+        vec![
             Series {
                 label: "postgres postmaster · fork".into(),
                 total: hist((1..=1000).map(|v| v * 100)),
@@ -147,10 +210,21 @@ mod tests {
                 total: hist((1..=1000).map(|v| v * 10)),
                 p99_over_time: vec![(0.0, 9_000), (1.0, 9_500)],
             },
-        ];
-        svg(&path, &series).unwrap();
+        ]
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("sp-plot-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(name)
+    }
+
+    #[test]
+    fn the_svg_holds_both_plots_with_a_line_per_series() {
+        let path = scratch("p.svg");
+        write(&path, &two_series()).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
         assert!(text.starts_with("<svg"), "{}", &text[..100.min(text.len())]);
         assert!(text.trim_end().ends_with("</svg>"));
         for label in [
@@ -164,6 +238,36 @@ mod tests {
         // Two series in each plot (plus two legend strokes each).
         let lines = text.matches("<polyline").count();
         assert!(lines >= 4, "{lines} polylines");
-        assert!(svg(&std::env::temp_dir().join("x.svg"), &[]).is_err());
+        assert!(write(&std::env::temp_dir().join("x.svg"), &[]).is_err());
+    }
+
+    #[test]
+    fn the_png_is_a_1000_by_800_picture_with_each_series_colour() {
+        let path = scratch("p.png");
+        write(&path, &two_series()).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+            .read_info()
+            .unwrap();
+        let mut pixels = vec![0; reader.output_buffer_size()];
+        let frame = reader.next_frame(&mut pixels).unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        assert_eq!((frame.width, frame.height), (1000, 800));
+        assert_eq!(frame.color_type, png::ColorType::Rgb);
+        let rgb: Vec<&[u8]> = pixels[..frame.buffer_size()].chunks(3).collect();
+        let count = |(r, g, b): (u8, u8, u8)| rgb.iter().filter(|p| **p == [r, g, b]).count();
+        // Each line is drawn 2 px wide in its palette colour; text is black.
+        for i in 0..2 {
+            let n = count(Palette99::pick(i).to_rgba().rgb());
+            assert!(n > 500, "series {i}: {n} pixels of its colour");
+        }
+        assert!(count(BLACK.rgb()) > 1000, "labels and axes are drawn");
+    }
+
+    #[test]
+    fn other_extensions_are_refused_with_the_file_name() {
+        let err = write(Path::new("/tmp/out.jpg"), &two_series()).unwrap_err();
+        assert!(format!("{err:#}").contains("/tmp/out.jpg"), "{err:#}");
+        assert!(!Path::new("/tmp/out.jpg").exists());
     }
 }
