@@ -7,7 +7,8 @@
 //! 4-tuple to the process whose close put the socket into FIN_WAIT1. A
 //! TIME_WAIT socket whose closer is unknown (it closed before stackprobe
 //! started, or an unwatched process closed it) is counted as unknown on its
-//! watched listener's link, and never guessed.
+//! watched listener's link (either end, when both are on this host), and
+//! never guessed.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -234,6 +235,13 @@ impl LinkTable {
                 // Not known to be ours unless a watched listener's port.
                 None if self.listeners.contains_key(&tuple.0.port()) => {
                     LinkKey::new(None, Side::Passive, tuple.0, tuple.1)
+                }
+                // Or a connection to a watched listener on this host (the
+                // remote end is this machine: loopback, or our own address).
+                None if self.listeners.contains_key(&tuple.1.port())
+                    && (tuple.1.ip().is_loopback() || tuple.1.ip() == tuple.0.ip()) =>
+                {
+                    LinkKey::new(None, Side::Active, tuple.0, tuple.1)
                 }
                 None => continue,
             };
@@ -495,11 +503,17 @@ mod tests {
         t.set_listeners(HashMap::from([(80, SERVER)]));
         t.observe(&[
             time_wait("127.0.0.1:80", "127.0.0.1:5000"),
+            time_wait("127.0.0.1:5001", "127.0.0.1:80"),
+            time_wait("10.0.0.1:5002", "10.0.0.1:80"),
             time_wait("10.0.0.1:9999", "10.0.0.2:1234"),
+            // Port 80 on another host is not our listener.
+            time_wait("10.0.0.1:5003", "10.0.0.2:80"),
         ]);
         let unknown = row(&t, None, "127.0.0.1:80 ← 127.0.0.1");
         assert_eq!(unknown.time_wait, 1);
-        assert_eq!(t.iter().count(), 1);
+        assert_eq!(row(&t, None, "→ 127.0.0.1:80").time_wait, 1);
+        assert_eq!(row(&t, None, "→ 10.0.0.1:80").time_wait, 1);
+        assert_eq!(t.iter().count(), 3);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::{
     histogram::{LatencyHistogram, Log2Bucket, Summary},
+    insights::insights,
     links::Side,
     process::{Activity, Counter, Metric, ProcessTable},
 };
@@ -88,6 +89,8 @@ pub struct Report {
     /// Per-program BPF run-time statistics, with `--probe-cost` only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub probe_cost: Vec<ProgramCost>,
+    /// What the numbers mean, when there is enough data (see `insights`).
+    pub insights: Vec<String>,
 }
 
 /// One latency metric over the period: its distribution (`count` is the
@@ -308,7 +311,7 @@ impl Report {
             .collect();
         processes.sort_by(|a, b| b.total.cmp(&a.total).then(a.pid.cmp(&b.pid)));
         let tcp = tcp_report(&p, table);
-        Self {
+        let mut report = Self {
             schema: SCHEMA,
             kind,
             elapsed_s: elapsed.as_secs_f64(),
@@ -320,7 +323,10 @@ impl Report {
             processes,
             tcp,
             probe_cost: Vec::new(),
-        }
+            insights: Vec::new(),
+        };
+        report.insights = insights(&report).into_iter().map(|i| i.text).collect();
+        report
     }
 }
 

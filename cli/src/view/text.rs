@@ -53,6 +53,9 @@ pub fn render(report: &Report) -> String {
         out.push_str(&role_block(role));
     }
     out.push_str(&tcp_block(&report.tcp));
+    for insight in &report.insights {
+        let _ = writeln!(out, "insight: {insight}");
+    }
     if report.processes.is_empty() {
         out.push_str("no accepts yet\n");
     } else {

@@ -16,7 +16,6 @@ use ratatui::{
 
 use crate::model::{
     histogram::{Summary, duration},
-    insights::insights,
     report::{Report, RoleRow},
 };
 
@@ -632,18 +631,17 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
 }
 
 fn render_insights(frame: &mut Frame, area: Rect, d: &Dashboard) {
-    let found = d.report.as_ref().map(insights).unwrap_or_default();
+    let found = d
+        .report
+        .as_ref()
+        .map(|r| r.insights.as_slice())
+        .unwrap_or_default();
     let text: Vec<Line<'_>> = if found.is_empty() {
         vec![Line::from("nothing to report yet")]
     } else {
         found
-            .into_iter()
-            .map(|i| {
-                Line::from(Span::styled(
-                    format!("• {}", i.text),
-                    d.style(Color::Yellow),
-                ))
-            })
+            .iter()
+            .map(|i| Line::from(Span::styled(format!("• {i}"), d.style(Color::Yellow))))
             .collect()
     };
     frame.render_widget(
