@@ -23,6 +23,59 @@ pub enum Command {
     Report(ReportArgs),
     /// Two recordings side by side: rates and percentiles before and after.
     Diff(DiffArgs),
+    /// See stackprobe work on two built-in servers, nothing to install (root).
+    ///
+    /// Starts two loopback servers, one forking a process per connection (like
+    /// postgres without a pooler) and one handing connections to threads
+    /// started in advance (like a pooler), gives both the same load and
+    /// watches them: the dashboard on a terminal, text or JSON otherwise.
+    Demo(DemoArgs),
+    /// One of `demo`'s servers, in its own process so it can be watched by pid.
+    #[command(hide = true)]
+    DemoServer(DemoServerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How long the demo runs; the load stops one interval before the end,
+    /// so the last report and the summary hold every connection.
+    #[arg(long, default_value = "20s", value_parser = parse_demo_duration)]
+    pub duration: Duration,
+
+    /// New connections per second to each server.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub rate: u32,
+
+    /// Report every interval.
+    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
+    pub interval: Duration,
+
+    /// Print one JSON object per report instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Plain text reports even on a terminal (the default when stdout is
+    /// not a terminal); without it a terminal gets the live dashboard.
+    #[arg(long)]
+    pub no_tui: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoServerArgs {
+    #[arg(value_enum)]
+    pub kind: DemoServerKind,
+    /// The stackprobe process that started it: the server ends with it.
+    #[arg(long)]
+    pub parent: u32,
+    /// Ends after this long whatever happens.
+    #[arg(long)]
+    pub max_seconds: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoServerKind {
+    Forking,
+    Pooled,
 }
 
 #[derive(Debug, Args)]
@@ -124,6 +177,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (try 500ms, 10s or 2m)"))
 }
 
+fn parse_demo_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(1) {
+        return Err("must be at least 1s".into());
+    }
+    Ok(d)
+}
+
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_millis(10) {
@@ -189,6 +250,44 @@ mod tests {
         assert_eq!(r.from, Some(Duration::from_secs(30)));
         assert_eq!(r.format, ReportFormat::Csv);
         assert!(Cli::try_parse_from(["stackprobe", "report", "x", "--format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn parses_a_demo_line_with_bounded_defaults() {
+        let Command::Demo(d) = Cli::try_parse_from(["stackprobe", "demo"]).unwrap().command else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(d.duration, Duration::from_secs(20));
+        assert_eq!((d.rate, d.interval), (50, Duration::from_secs(1)));
+        assert!(!d.json && !d.no_tui);
+        let Command::Demo(d) = Cli::try_parse_from([
+            "stackprobe",
+            "demo",
+            "--duration",
+            "4s",
+            "--rate",
+            "100",
+            "--no-tui",
+            "--json",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("parsed as another command");
+        };
+        assert_eq!((d.duration, d.rate), (Duration::from_secs(4), 100));
+        assert!(d.json && d.no_tui);
+        for bad in [
+            ["--rate", "0"],
+            ["--rate", "1001"],
+            ["--duration", "500ms"],
+            ["--interval", "1ms"],
+        ] {
+            assert!(
+                Cli::try_parse_from(["stackprobe", "demo", bad[0], bad[1]]).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

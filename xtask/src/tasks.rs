@@ -49,8 +49,12 @@ pub fn build() -> Result<()> {
     run_cmd(cargo().args(["build", "--release", "--locked", "--bins"]))
 }
 
+/// Runs stackprobe with `args`; with none, `demo`, which shows what it does
+/// without any server to watch.
 pub fn run(args: &[String]) -> Result<()> {
     build()?;
+    let demo = ["demo".to_string()];
+    let args = if args.is_empty() { &demo[..] } else { args };
     let binary = workspace_root().join("target/release/stackprobe");
     let mut cmd = if is_root() {
         Command::new(&binary)

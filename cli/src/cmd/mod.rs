@@ -1,5 +1,6 @@
 //! Subcommands: each wires probes, model and views together.
 
+pub mod demo;
 pub mod diff;
 pub mod report;
 pub mod watch;

@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result, bail};
 use ratatui::crossterm::event::{self as crossterm_event, KeyEventKind};
 use tokio::{
     signal::unix::{SignalKind, signal},
-    sync::mpsc,
+    sync::{mpsc, oneshot},
     time::{self, MissedTickBehavior},
 };
 
@@ -38,14 +38,31 @@ use crate::{
 };
 
 pub fn run(args: WatchArgs) -> Result<()> {
+    run_with(args, Hooks::default())
+}
+
+/// What a command built on `watch` plugs into the run: `demo` starts its
+/// load only once the probes count everything, and ends the run once the
+/// load is done. The default plugs in nothing.
+#[derive(Default)]
+pub struct Hooks {
+    /// Called once the probes are attached and the selected processes and
+    /// their listeners are watched: from then on, whatever they do is counted.
+    pub on_attached: Option<Box<dyn FnOnce()>>,
+    /// Ends the run, with its summary, when a value arrives or the sender
+    /// is dropped.
+    pub stop: Option<oneshot::Receiver<()>>,
+}
+
+pub fn run_with(args: WatchArgs, hooks: Hooks) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(watch(args))
+    runtime.block_on(watch(args, hooks))
 }
 
-async fn watch(args: WatchArgs) -> Result<()> {
+async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     let selector = Selector::new(args.names.clone(), args.pids.clone())?;
     for &pid in selector.pids() {
         match procfs::read(pid) {
@@ -121,12 +138,17 @@ async fn watch(args: WatchArgs) -> Result<()> {
 
     let apply = |table: &mut ProcessTable, event: Event| table.apply(&event);
 
+    let mut stop = hooks.stop;
+    if let Some(attached) = hooks.on_attached {
+        attached();
+    }
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sighup.recv() => break,
             _ = until(deadline) => break,
+            _ = stopped(&mut stop) => break,
             ready = events.readable() => {
                 ready.context("waiting on the ring buffer")?;
                 events_seen += events.drain(|e| apply(&mut table, e));
@@ -383,6 +405,15 @@ fn interval_histograms(
         start,
         duration,
         histograms,
+    }
+}
+
+async fn stopped(stop: &mut Option<oneshot::Receiver<()>>) {
+    match stop {
+        Some(stop) => {
+            let _ = stop.await;
+        }
+        None => std::future::pending().await,
     }
 }
 
