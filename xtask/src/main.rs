@@ -3,6 +3,7 @@
 //! makes sure the tools it needs are there, and drives cargo.
 
 mod bench;
+mod lab;
 mod setup;
 mod tasks;
 
@@ -24,7 +25,7 @@ enum Task {
     /// Set up and build everything in release mode.
     Build,
     /// Set up, build and run stackprobe (as root, via sudo if needed):
-    /// `cargo xtask run -- watch postgres`.
+    /// `cargo xtask run -- watch postgres`; with no arguments, `stackprobe demo`.
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -40,6 +41,24 @@ enum Task {
         #[command(subcommand)]
         which: Bench,
     },
+    /// A real nginx → nginx → php-fpm → postgres stack on loopback (as root):
+    /// `up`, `load`, `status`, `down`.
+    Lab {
+        #[command(subcommand)]
+        which: Lab,
+    },
+}
+
+#[derive(Subcommand)]
+enum Lab {
+    /// Install the packages and start the stack in /tmp/stackprobe-lab.
+    Up,
+    /// Drive it with wrk for a bounded time.
+    Load(lab::LoadArgs),
+    /// Which services are running.
+    Status,
+    /// Stop everything and remove the directory.
+    Down,
 }
 
 #[derive(Subcommand)]
@@ -66,7 +85,16 @@ fn main() -> ExitCode {
         Task::Build => setup::run().and_then(|()| tasks::build()),
         Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
         Task::Install => setup::run().and_then(|()| tasks::install()),
-        Task::Test => setup::run().and_then(|()| tasks::test()),
+        // The lab tests run the real stack, so its packages come first.
+        Task::Test => setup::run()
+            .and_then(|()| setup::apt_packages(&lab::PACKAGES))
+            .and_then(|()| tasks::test()),
+        Task::Lab { which } => match which {
+            Lab::Up => lab::up(),
+            Lab::Load(args) => lab::load(&args),
+            Lab::Status => lab::status(),
+            Lab::Down => lab::down(),
+        },
         Task::Bench { which } => {
             let (workload, args) = match &which {
                 Bench::Accept(a) => (&bench::ACCEPT, a),

@@ -6,7 +6,7 @@
 
 use std::{
     env, fs,
-    os::unix::fs::symlink,
+    os::unix::fs::{PermissionsExt as _, symlink},
     path::{Path, PathBuf},
     process::Command,
 };
@@ -153,10 +153,26 @@ pub fn apt_packages(packages: &[&str]) -> Result<()> {
         return Ok(());
     }
     run_cmd(Command::new("apt-get").arg("update").arg("-q"))?;
-    run_cmd(
+    // Packages like nginx and php-fpm start their system service on install;
+    // a policy-rc.d that says no keeps the machine's ports and processes as
+    // they were. One already in place is left alone.
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let ours = !policy.exists();
+    if ours {
+        fs::write(
+            policy,
+            "#!/bin/sh\n# stackprobe setup: no service starts during install\nexit 101\n",
+        )?;
+        fs::set_permissions(policy, fs::Permissions::from_mode(0o755))?;
+    }
+    let installed = run_cmd(
         Command::new("apt-get")
             .args(["install", "-y", "-q"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    );
+    if ours {
+        fs::remove_file(policy)?;
+    }
+    installed
 }

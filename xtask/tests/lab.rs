@@ -1,0 +1,449 @@
+//! The real stack (`cargo xtask lab`) watched by `stackprobe watch nginx
+//! php-fpm postgres`: the classic findings, each checked against wrk, and
+//! against bpftrace and `ss` measuring the same run independently.
+//!
+//! Needs root (CI runs as root) and the stackprobe binary of the same build,
+//! which `cargo test` on the workspace builds beside xtask's.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+const XTASK: &str = env!("CARGO_BIN_EXE_xtask");
+/// wrk's connections: requests in flight when it stops are served but not
+/// counted by wrk, so server-side counts may exceed wrk's by this much.
+const CONNECTIONS: u64 = 8;
+
+fn stackprobe() -> PathBuf {
+    let path = PathBuf::from(XTASK).with_file_name("stackprobe");
+    assert!(
+        path.exists(),
+        "{} is missing: run the workspace's tests (cargo xtask test), which build it",
+        path.display()
+    );
+    path
+}
+
+/// The lab for one test; taken down on drop, even when an assertion fails.
+struct Lab;
+
+impl Lab {
+    fn up() -> Self {
+        let out = Command::new(XTASK).args(["lab", "up"]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "lab up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Lab
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let out = Command::new(XTASK).args(["lab", "down"]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "lab down: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// wrk's totals for one bounded load.
+struct Load {
+    requests: u64,
+    per_s: f64,
+}
+
+fn load(page: &str, keepalive: bool, seconds: u32) -> Load {
+    let mut cmd = Command::new(XTASK);
+    cmd.args([
+        "lab",
+        "load",
+        "--page",
+        page,
+        "--seconds",
+        &seconds.to_string(),
+    ]);
+    cmd.args(["--connections", &CONNECTIONS.to_string()]);
+    if keepalive {
+        cmd.arg("--keepalive");
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "lab load {page}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("lab load:"))
+        .expect("summary line");
+    eprintln!("{line}");
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+            .to_string()
+    };
+    Load {
+        requests: field("requests").parse().unwrap(),
+        per_s: field("per_s").parse().unwrap(),
+    }
+}
+
+/// A background process whose stdout lines arrive on a channel.
+struct Traced {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Traced {
+    /// Starts `cmd` and waits for a line containing `ready` on stdout or
+    /// stderr: the moment its probes are attached.
+    fn start(mut cmd: Command, ready: &'static str) -> Self {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let ready_out = ready_tx.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains(ready) {
+                    let _ = ready_out.send(());
+                }
+                let _ = tx.send(line);
+            }
+        });
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("  | {line}");
+                if line.contains(ready) {
+                    let _ = ready_tx.send(());
+                }
+            }
+        });
+        if ready_rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = child.kill();
+            panic!("{cmd:?} never said {ready:?}");
+        }
+        Traced { child, lines }
+    }
+
+    /// SIGINT, then every stdout line it printed until it exited.
+    fn stop(mut self) -> Vec<String> {
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("did not exit within 30 s of SIGINT");
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let mut out = Vec::new();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            out.push(line);
+        }
+        out
+    }
+}
+
+fn watch() -> Traced {
+    let mut cmd = Command::new(stackprobe());
+    cmd.args([
+        "watch", "nginx", "php-fpm", "postgres", "--no-tui", "--json",
+    ]);
+    Traced::start(cmd, "probes attached")
+}
+
+fn summary(lines: &[String]) -> Value {
+    let json = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("\"type\":\"summary\""))
+        .expect("stackprobe printed a summary");
+    serde_json::from_str(json).unwrap()
+}
+
+/// The same postgres accepts and forks counted by bpftrace's one-liners.
+fn bpftrace() -> Traced {
+    let mut cmd = Command::new("bpftrace");
+    cmd.args([
+        "-B",
+        "line",
+        "-e",
+        r#"BEGIN { printf("ready\n"); }
+tracepoint:syscalls:sys_exit_accept, tracepoint:syscalls:sys_exit_accept4
+/comm == "postgres" && args->ret >= 0/ { @accepts = count(); }
+tracepoint:sched:sched_process_fork /comm == "postgres"/ { @forks = count(); }"#,
+    ]);
+    Traced::start(cmd, "ready")
+}
+
+fn bpftrace_count(lines: &[String], map: &str) -> u64 {
+    lines
+        .iter()
+        .find_map(|l| l.strip_prefix(&format!("@{map}: ")))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Sum of a metric's `total` over roles whose name starts with `prefix`.
+fn role_total(s: &Value, prefix: &str, metric: &str) -> u64 {
+    roles(s, prefix)
+        .map(|r| r[metric]["total"].as_u64().unwrap())
+        .sum()
+}
+
+fn roles<'a>(s: &'a Value, prefix: &'a str) -> impl Iterator<Item = &'a Value> {
+    s["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(move |r| r["role"].as_str().unwrap().starts_with(prefix))
+}
+
+/// (TIME_WAIT now, new TIME_WAIT over the run) summed over the links whose
+/// address names `port`.
+fn time_wait(s: &Value, port: u16) -> (u64, u64) {
+    let port = format!(":{port}");
+    s["tcp"]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["link"].as_str().unwrap().contains(&port))
+        .fold((0, 0), |(now, new), l| {
+            (
+                now + l["time_wait"].as_u64().unwrap(),
+                new + l["new_time_wait"]["total"].as_u64().unwrap(),
+            )
+        })
+}
+
+/// TIME_WAIT sockets with `port` at either end, as `ss` counts them.
+fn ss_time_wait(port: u16) -> u64 {
+    let out = Command::new("ss")
+        .args(["-Htan", "state", "time-wait"])
+        .arg(format!("( sport = :{port} or dport = :{port} )"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).lines().count() as u64
+}
+
+fn within_1_percent(what: &str, ours: u64, theirs: u64) {
+    let slack = theirs.div_ceil(100);
+    assert!(
+        ours.abs_diff(theirs) <= slack,
+        "{what}: stackprobe {ours}, independent {theirs}"
+    );
+}
+
+fn insights(s: &Value) -> Vec<String> {
+    s["insights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
+    let before = stack_processes();
+    let lab = Lab::up();
+    let served = |l: &Load| (l.requests, l.requests + CONNECTIONS);
+
+    // 1. A new TCP connection to postgres per request, through the frontend
+    //    that opens a new upstream connection per request.
+    let bpf = bpftrace();
+    let probe = watch();
+    let run = load("new", false, 3);
+    let s = summary(&probe.stop());
+    let ss_backend = ss_time_wait(18081);
+    let ss_postgres = ss_time_wait(15432);
+    let bpf = bpf.stop();
+    let (accepts, forks) = (
+        role_total(&s, "postgres", "accept"),
+        role_total(&s, "postgres", "fork"),
+    );
+    eprintln!(
+        "new connection per request: {} requests ({}/s); postgres accepts {accepts}, forks {forks}; \
+         bpftrace: accepts {}, forks {}",
+        run.requests,
+        run.per_s,
+        bpftrace_count(&bpf, "accepts"),
+        bpftrace_count(&bpf, "forks")
+    );
+    let (lo, hi) = served(&run);
+    assert!(
+        run.requests > 100,
+        "too little load to judge: {}",
+        run.requests
+    );
+    assert!(
+        (lo..=hi).contains(&accepts),
+        "postgres accepts {accepts}, wrk requests {}",
+        run.requests
+    );
+    within_1_percent("postgres forks vs accepts", forks, accepts);
+    within_1_percent(
+        "postgres accepts vs bpftrace",
+        accepts,
+        bpftrace_count(&bpf, "accepts"),
+    );
+    within_1_percent(
+        "postgres forks vs bpftrace",
+        forks,
+        bpftrace_count(&bpf, "forks"),
+    );
+    let postmaster = roles(&s, "postgres postmaster")
+        .next()
+        .expect("a postmaster role");
+    let lifetime_p50 = postmaster["child_lifetime"]["p50_ns"].as_u64().unwrap();
+    assert!(
+        postmaster["child_lifetime"]["total"].as_u64().unwrap() >= accepts - CONNECTIONS,
+        "backends that exited: {postmaster}"
+    );
+    assert!(
+        lifetime_p50 < 200_000_000,
+        "backends live {lifetime_p50} ns (p50): short-lived"
+    );
+    let found = insights(&s);
+    assert!(
+        found
+            .iter()
+            .any(|i| i.starts_with("postgres postmaster forks")
+                && i.contains("persistent connections")),
+        "{found:?}"
+    );
+    // Without upstream keepalive every request leaves a TIME_WAIT between the
+    // nginx frontend and backend, and one between php-fpm and postgres.
+    let (now, new) = time_wait(&s, 18081);
+    eprintln!("  nginx → backend TIME_WAIT: new {new}, now {now}, ss {ss_backend}");
+    assert!(
+        (lo..=hi).contains(&new),
+        "new TIME_WAIT on :18081 {new}, requests {}",
+        run.requests
+    );
+    within_1_percent("TIME_WAIT on :18081 vs ss", now, ss_backend);
+    let (now, new) = time_wait(&s, 15432);
+    eprintln!("  php-fpm → postgres TIME_WAIT: new {new}, now {now}, ss {ss_postgres}");
+    assert!(
+        (lo..=hi).contains(&new),
+        "new TIME_WAIT on :15432 {new}, requests {}",
+        run.requests
+    );
+    within_1_percent("TIME_WAIT on :15432 vs ss", now, ss_postgres);
+
+    // 2. Persistent connections (one per php-fpm worker, opened by a warm-up
+    //    before watching), through the frontend that keeps upstream
+    //    connections alive: no forks, no new TIME_WAIT.
+    load("persistent", true, 1);
+    let bpf = bpftrace();
+    let probe = watch();
+    let run = load("persistent", true, 3);
+    let s = summary(&probe.stop());
+    let bpf = bpf.stop();
+    let (accepts, forks) = (
+        role_total(&s, "postgres", "accept"),
+        role_total(&s, "postgres", "fork"),
+    );
+    eprintln!(
+        "persistent connections + keepalive: {} requests ({}/s); postgres accepts {accepts}, forks {forks}",
+        run.requests, run.per_s
+    );
+    assert!(
+        run.requests > 1000,
+        "too little load to judge: {}",
+        run.requests
+    );
+    assert_eq!(
+        (accepts, forks),
+        (0, 0),
+        "postgres accepted or forked with persistent connections"
+    );
+    assert_eq!(
+        bpftrace_count(&bpf, "accepts") + bpftrace_count(&bpf, "forks"),
+        0
+    );
+    let found = insights(&s);
+    assert!(!found.iter().any(|i| i.contains("forks")), "{found:?}");
+    let (_, new_backend) = time_wait(&s, 18081);
+    let (_, new_postgres) = time_wait(&s, 15432);
+    eprintln!("  new TIME_WAIT: nginx → backend {new_backend}, php-fpm → postgres {new_postgres}");
+    // wrk stops with requests in flight; nginx closes those upstream
+    // connections (a few per stop), so near 0 is under 1% of requests.
+    assert!(
+        new_backend * 100 <= run.requests,
+        "keepalive left {new_backend} TIME_WAIT for {} requests",
+        run.requests
+    );
+    assert_eq!(new_postgres, 0);
+
+    // 3. A new connection per request over postgres's unix socket: the forks
+    //    stay, the TCP handshakes and TIME_WAIT go.
+    let probe = watch();
+    let run = load("unix", true, 2);
+    let s = summary(&probe.stop());
+    let (accepts, forks) = (
+        role_total(&s, "postgres", "accept"),
+        role_total(&s, "postgres", "fork"),
+    );
+    eprintln!(
+        "unix socket: {} requests ({}/s); postgres accepts {accepts}, forks {forks}",
+        run.requests, run.per_s
+    );
+    let (lo, hi) = served(&run);
+    assert!(
+        (lo..=hi).contains(&accepts),
+        "postgres accepts {accepts}, wrk requests {}",
+        run.requests
+    );
+    within_1_percent("postgres forks vs accepts", forks, accepts);
+    assert_eq!(
+        time_wait(&s, 15432).1,
+        0,
+        "no TCP to postgres, no TIME_WAIT"
+    );
+
+    drop(lab);
+    assert!(!std::path::Path::new("/tmp/stackprobe-lab").exists());
+    let left: Vec<_> = stack_processes()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert!(left.is_empty(), "left running after lab down: {left:?}");
+}
+
+/// (pid, comm) of every running nginx, php-fpm and postgres process. Zombies
+/// are not running: this machine's init reaps orphans late, if at all.
+fn stack_processes() -> Vec<(u32, String)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (head, rest) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1;
+            let zombie = rest.split_whitespace().next() == Some("Z");
+            (!zombie && (comm == "nginx" || comm == "postgres" || comm.starts_with("php-fpm")))
+                .then(|| (pid, comm.to_string()))
+        })
+        .collect()
+}
