@@ -14,7 +14,8 @@
 //!   `accept-wait N tcp|unix`  accept N connections, writing the byte to
 //!       each, then close each only after its client has: the clients close
 //!       first; replies `accepted N`
-//!   `threads N`  start N threads that end at once; replies `threads N`
+//!   `threads N [RATE]`  start N threads that end at once (RATE per second);
+//!       replies `threads N` (`threads N in SECONDSs` with a rate)
 //!   `spawn-exec N`  fork N children that exec /bin/true; replies `execs N`
 //!   `exit`  exit (as does end of input)
 //!
@@ -167,12 +168,14 @@ fn serve(args: &[String]) -> Result<ExitCode> {
             }
             ["threads", n] => {
                 let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
-                for _ in 0..n {
-                    std::thread::spawn(|| ())
-                        .join()
-                        .map_err(|_| "a thread panicked")?;
-                }
+                threads(n, None)?;
                 say(format!("threads {n}"))?;
+            }
+            ["threads", n, rate] => {
+                let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
+                let rate: f64 = rate.parse().map_err(|e| format!("rate: {e}"))?;
+                let took = threads(n, Some(rate))?;
+                say(format!("threads {n} in {:.3}s", took.as_secs_f64()))?;
             }
             ["spawn-exec", n] => {
                 let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
@@ -277,6 +280,25 @@ fn wait_for(child: libc::pid_t) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Starts `n` threads that end at once, one after another, at `rate` per
+/// second if given (as fast as possible otherwise, or when behind): an event
+/// source whose rate the benchmarks choose.
+fn threads(n: u64, rate: Option<f64>) -> Result<std::time::Duration> {
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        if let Some(rate) = rate {
+            let due = start + std::time::Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = due.checked_duration_since(std::time::Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
+        std::thread::spawn(|| ())
+            .join()
+            .map_err(|_| "a thread panicked")?;
+    }
+    Ok(start.elapsed())
 }
 
 fn connect(args: &[String]) -> Result<ExitCode> {

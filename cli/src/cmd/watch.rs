@@ -24,8 +24,8 @@ use crate::{
     model::{
         event::Event,
         links::{KernelCounters, Listener},
-        process::{LiveProcess, ProcessTable},
-        report::{Report, ReportKind},
+        process::{Counter, LiveProcess, ProcessTable},
+        report::{CountRow, Report, ReportKind},
         selector::Selector,
         sockets::TcpState,
     },
@@ -82,6 +82,10 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     for &pid in selector.pids() {
         probes.watch_pid(pid)?;
     }
+    // Loading parsed the kernel's BTF (aya's parse and our offsets' one):
+    // some 25 MB now free that malloc would otherwise keep for the whole run.
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe { libc::malloc_trim(0) };
     let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
     let endpoint = match args.listen {
         Some(addr) => {
@@ -133,7 +137,9 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     let mut last_report = start;
     // Not locked for the whole run: the dashboard thread writes to stdout too.
     let mut out = io::stdout();
-    let mut events_seen = 0usize;
+    // Events received: this interval (also the dashboard's events/s) and
+    // since the start.
+    let mut received = Counter::default();
     let mut own = OwnCost::new(&probes, args.probe_cost);
 
     let apply = |table: &mut ProcessTable, event: Event| table.apply(&event);
@@ -151,10 +157,10 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
             _ = stopped(&mut stop) => break,
             ready = events.readable() => {
                 ready.context("waiting on the ring buffer")?;
-                events_seen += events.drain(|e| apply(&mut table, e));
+                received.add(events.drain(|e| apply(&mut table, e)) as u64);
             }
             _ = drain_tick.tick() => {
-                events_seen += events.drain(|e| apply(&mut table, e));
+                received.add(events.drain(|e| apply(&mut table, e)) as u64);
             }
             action = next_action(&mut ui) => match action {
                 // None: the dashboard thread ended (it could not draw).
@@ -163,7 +169,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
                 Some(Action::None) => {}
             },
             _ = report_tick.tick() => {
-                events_seen += events.drain(|e| apply(&mut table, e));
+                received.add(events.drain(|e| apply(&mut table, e)) as u64);
                 let live = refresh_watch_set(&selector, &mut probes, &table)?;
                 table.sync_watched(&live);
                 observe_sockets(&mut probes, &mut table)?;
@@ -184,7 +190,8 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
                         eprintln!("stackprobe: warning: {e}; the recording keeps what was written before");
                     }
                 }
-                let report = build_report(ReportKind::Interval, &table, &probes, period, now - start, args.probe_cost)?;
+                let report = build_report(ReportKind::Interval, &table, &probes, period, now - start, args.probe_cost, received)?;
+                received.interval = 0;
                 if let Some(endpoint) = &endpoint {
                     endpoint.publish(Snapshot::take(&table, &report));
                 }
@@ -195,12 +202,11 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
                         let status = Status {
                             elapsed_s: (now - start).as_secs_f64(),
                             interval_s: args.interval.as_secs_f64(),
-                            events_per_s: events_seen as f64 / period.as_secs_f64(),
+                            events_per_s: report.events.count as f64 / period.as_secs_f64(),
                             drops: report.drops,
                             ns_per_event: own.ns_per_run(&probes),
                             cpu_percent: own.cpu_percent(),
                         };
-                        events_seen = 0;
                         dash.update(report, status);
                     }
                     None => {
@@ -215,7 +221,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     // Back to the normal screen before the summary is printed.
     drop(ui);
 
-    events.drain(|e| apply(&mut table, e));
+    received.add(events.drain(|e| apply(&mut table, e)) as u64);
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
     observe_sockets(&mut probes, &mut table)?;
@@ -234,6 +240,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
         elapsed,
         elapsed,
         args.probe_cost,
+        received,
     )?;
     emit(&mut out, &summary, args.json)?;
     if let Some(recorder) = recorder {
@@ -431,8 +438,16 @@ fn build_report(
     period: std::time::Duration,
     elapsed: std::time::Duration,
     probe_cost: bool,
+    received: Counter,
 ) -> Result<Report> {
     let mut report = Report::build(kind, table, period, elapsed, probes.drops()?);
+    report.events = CountRow {
+        count: match kind {
+            ReportKind::Interval => received.interval,
+            ReportKind::Summary => received.total,
+        },
+        total: received.total,
+    };
     if probe_cost {
         report.probe_cost = probes.costs()?;
     }

@@ -55,9 +55,14 @@ impl Counter {
         self.total += 1;
     }
 
-    fn add(&mut self, other: &Counter) {
+    fn add_counter(&mut self, other: &Counter) {
         self.interval += other.interval;
         self.total += other.total;
+    }
+
+    pub fn add(&mut self, n: u64) {
+        self.interval += n;
+        self.total += n;
     }
 }
 
@@ -124,12 +129,12 @@ impl Activity {
         self.accept_queue.add(&other.accept_queue);
         self.fork.add(&other.fork);
         self.thread.add(&other.thread);
-        self.fork_unknown.add(&other.fork_unknown);
-        self.fork_failed.add(&other.fork_failed);
+        self.fork_unknown.add_counter(&other.fork_unknown);
+        self.fork_failed.add_counter(&other.fork_failed);
         self.child_lifetime.add(&other.child_lifetime);
-        self.execs.add(&other.execs);
-        self.children_exec.add(&other.children_exec);
-        self.exited.add(&other.exited);
+        self.execs.add_counter(&other.execs);
+        self.children_exec.add_counter(&other.children_exec);
+        self.exited.add_counter(&other.exited);
     }
 
     fn reset_interval(&mut self) {

@@ -80,6 +80,8 @@ pub struct Report {
     /// All drops since the start (see `drops_by_cause`).
     pub drops: u64,
     pub drops_by_cause: Drops,
+    /// Events received from the kernel (set by the collector).
+    pub events: CountRow,
     /// Watched processes grouped by role (postmaster, backends, workers…).
     pub roles: Vec<RoleRow>,
     /// Live processes that have accepted anything.
@@ -319,6 +321,7 @@ impl Report {
             watched: table.watched_count(),
             drops: drops.total(),
             drops_by_cause: drops,
+            events: CountRow::default(),
             roles,
             processes,
             tcp,
