@@ -523,6 +523,25 @@ pub struct Load {
 }
 
 pub fn load(args: &LoadArgs) -> Result<()> {
+    let (url, out, load) = wrk(args)?;
+    print!("{out}");
+    // One machine-readable line for scripts and the lab tests.
+    println!(
+        "lab load: url={url} requests={} per_s={:.1} non_2xx={} socket_errors={}",
+        load.requests, load.per_s, load.non_2xx, load.socket_errors
+    );
+    if load.non_2xx > 0 || load.socket_errors > 0 {
+        bail!(
+            "{url}: {} error responses, {} socket errors",
+            load.non_2xx,
+            load.socket_errors
+        );
+    }
+    Ok(())
+}
+
+/// Runs wrk against the lab: (url, wrk's output, its totals).
+pub fn wrk(args: &LoadArgs) -> Result<(String, String, Load)> {
     if running().iter().any(|(_, pid)| pid.is_none()) {
         bail!("the lab is not (fully) up: run `cargo xtask lab up` first");
     }
@@ -542,21 +561,18 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         "--latency",
         &url,
     ]))?;
-    print!("{out}");
     let load = parse_wrk(&out)?;
-    // One machine-readable line for scripts and the lab tests.
-    println!(
-        "lab load: url={url} requests={} per_s={:.1} non_2xx={} socket_errors={}",
-        load.requests, load.per_s, load.non_2xx, load.socket_errors
-    );
-    if load.non_2xx > 0 || load.socket_errors > 0 {
-        bail!(
-            "{url}: {} error responses, {} socket errors",
-            load.non_2xx,
-            load.socket_errors
-        );
-    }
-    Ok(())
+    Ok((url, out, load))
+}
+
+/// The comm php-fpm's processes have (Debian's binary carries its version).
+pub fn php_fpm_comm() -> Result<String> {
+    let path = php_fpm()?;
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("php-fpm");
+    Ok(name.chars().take(15).collect())
 }
 
 fn parse_wrk(out: &str) -> Result<Load> {

@@ -35,11 +35,14 @@ enum Task {
     /// Set up, then run the whole test suite: formatting, clippy, unit tests
     /// and the root-only integration tests that load the real probes.
     Test,
-    /// Benchmarks (as root). `accept`: the accept probes' cost per run
-    /// against bpftrace's equivalent, in the same run.
+    /// Benchmarks (as root). Without a subcommand: everything, written to
+    /// BENCHMARKS.md; `accept`, `fork`, `churn`: one probe-cost table.
     Bench {
         #[command(subcommand)]
-        which: Bench,
+        which: Option<Bench>,
+        /// Shorter runs, for a smoke check (not for the record).
+        #[arg(long)]
+        quick: bool,
     },
     /// A real nginx → nginx → php-fpm → postgres stack on loopback (as root):
     /// `up`, `load`, `status`, `down`.
@@ -67,6 +70,8 @@ enum Bench {
     Accept(BenchArgs),
     /// Fork and lifecycle probes: a server forking a child per connection.
     Fork(BenchArgs),
+    /// TCP state probe: connections opened and closed (clients close first).
+    Churn(BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -95,13 +100,22 @@ fn main() -> ExitCode {
             Lab::Status => lab::status(),
             Lab::Down => lab::down(),
         },
-        Task::Bench { which } => {
-            let (workload, args) = match &which {
-                Bench::Accept(a) => (&bench::ACCEPT, a),
-                Bench::Fork(a) => (&bench::FORK, a),
-            };
-            setup::run().and_then(|()| bench::run(workload, args.ops, args.rounds))
-        }
+        Task::Bench { which, quick } => setup::run()
+            .and_then(|()| setup::apt_packages(&lab::PACKAGES))
+            .and_then(|()| match &which {
+                None => bench::all(&bench::Scale { quick }),
+                Some(which) => {
+                    let (workload, args) = match which {
+                        Bench::Accept(a) => (&bench::ACCEPT, a),
+                        Bench::Fork(a) => (&bench::FORK, a),
+                        Bench::Churn(a) => (&bench::CHURN, a),
+                    };
+                    bench::prepare()?;
+                    let cost = bench::probe_cost::run(workload, args.ops, args.rounds)?;
+                    print!("{}", cost.markdown());
+                    Ok(())
+                }
+            }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

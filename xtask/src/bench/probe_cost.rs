@@ -1,6 +1,6 @@
-//! `cargo xtask bench accept|fork`: what the probes cost, measured against
-//! bpftrace's equivalent one-liner in the same run (these machines are noisy:
-//! compare the ratio, not absolute numbers across runs).
+//! Probe cost: ns per run of each program under a known loopback workload,
+//! measured against bpftrace's equivalent one-liner in the same run (these
+//! machines are noisy: compare the ratio, not absolute numbers across runs).
 //!
 //! Each round runs a known loopback workload three times: with no probes,
 //! under `stackprobe watch --probe-cost`, and under bpftrace with the kernel's
@@ -17,7 +17,8 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use serde_json::Value;
 
-use crate::{setup, tasks};
+use super::BpfStats;
+use crate::tasks;
 
 /// A loopback workload, the programs it exercises and bpftrace's equivalent.
 pub struct Workload {
@@ -28,8 +29,9 @@ pub struct Workload {
     /// bpftrace's enter and exit programs.
     programs: &'static [&'static str],
     bpftrace: &'static str,
-    /// Prefixes of bpftrace's program names (the kernel cuts them to 15 bytes).
-    bpftrace_programs: [&'static str; 2],
+    /// Prefixes of bpftrace's program names (the kernel cuts them to 15
+    /// bytes), compared with `programs` in order.
+    bpftrace_programs: &'static [&'static str],
     /// Checks that stackprobe's summary counted all `n` operations of `pid`.
     check: fn(&Value, u32, u64) -> Result<()>,
 }
@@ -40,16 +42,34 @@ pub const ACCEPT: Workload = Workload {
     programs: &["accept_enter", "accept_exit"],
     bpftrace: "tracepoint:syscalls:sys_enter_accept4 /pid == PID/ { @start[tid] = nsecs; }
 tracepoint:syscalls:sys_exit_accept4 /@start[tid]/ { if (args->ret >= 0) { @ns = hist(nsecs - @start[tid]); } delete(@start[tid]); }",
-    bpftrace_programs: ["sys_enter_accep", "sys_exit_accept"],
-    check: |summary, pid, n| {
-        let row = summary["processes"]
-            .as_array()
-            .and_then(|rows| rows.iter().find(|r| r["pid"] == pid))
-            .context("the server is missing from stackprobe's summary")?;
-        ensure!(row["count"] == n, "stackprobe counted {} accepts, expected {n}", row["count"]);
-        Ok(())
-    },
+    bpftrace_programs: &["sys_enter_accep", "sys_exit_accept"],
+    check: accepted_all,
 };
+
+/// Connection churn: every connection goes through its TCP states, which the
+/// state program sees (both ends: it runs for every socket on the machine and
+/// keeps only watched processes' ones).
+pub const CHURN: Workload = Workload {
+    name: "connection churn",
+    command: ACCEPT.command,
+    programs: &["tcp_state", "accept_exit"],
+    bpftrace: "tracepoint:sock:inet_sock_set_state /args->protocol == 6/ { @states[args->oldstate, args->newstate] = count(); }",
+    bpftrace_programs: &["inet_sock_set_s"],
+    check: accepted_all,
+};
+
+fn accepted_all(summary: &Value, pid: u32, n: u64) -> Result<()> {
+    let row = summary["processes"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["pid"] == pid))
+        .context("the server is missing from stackprobe's summary")?;
+    ensure!(
+        row["count"] == n,
+        "stackprobe counted {} accepts, expected {n}",
+        row["count"]
+    );
+    Ok(())
+}
 
 /// A fork-per-connection server whose children exit at once.
 pub const FORK: Workload = Workload {
@@ -58,7 +78,7 @@ pub const FORK: Workload = Workload {
     programs: &["clone_enter", "clone_exit", "watch_fork", "watch_exit", "accept_exit"],
     bpftrace: "tracepoint:syscalls:sys_enter_clone /pid == PID/ { @start[tid] = nsecs; }
 tracepoint:syscalls:sys_exit_clone /@start[tid]/ { if (args->ret > 0) { @ns = hist(nsecs - @start[tid]); } delete(@start[tid]); }",
-    bpftrace_programs: ["sys_enter_clone", "sys_exit_clone"],
+    bpftrace_programs: &["sys_enter_clone", "sys_exit_clone"],
     check: |summary, pid, n| {
         let role = summary["roles"]
             .as_array()
@@ -81,13 +101,20 @@ struct Cost {
     ops_per_s: f64,
 }
 
-pub fn run(w: &Workload, n: u64, rounds: u32) -> Result<()> {
-    ensure!(
-        tasks::is_root(),
-        "the benchmark loads kernel probes: run it as root"
-    );
-    setup::apt_packages(&["bpftrace", "bpftool"])?;
-    tasks::build()?;
+/// Medians over the rounds.
+pub struct ProbeCost {
+    pub workload: &'static str,
+    pub ops: u64,
+    pub rounds: u32,
+    pub ops_per_s_none: f64,
+    pub ops_per_s_stackprobe: f64,
+    pub ops_per_s_bpftrace: f64,
+    /// (program, ns per run), stackprobe's then bpftrace's.
+    pub stackprobe: Vec<(&'static str, f64)>,
+    pub bpftrace: Vec<(&'static str, f64)>,
+}
+
+pub fn run(w: &Workload, n: u64, rounds: u32) -> Result<ProbeCost> {
     let bin = tasks::workspace_root().join("target/release");
     let (mut none, mut ours, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
@@ -99,59 +126,60 @@ pub fn run(w: &Workload, n: u64, rounds: u32) -> Result<()> {
             format!("ns/run [{}], {:.0} ops/s", ns.join(", "), c.ops_per_s)
         };
         eprintln!(
-            "round {round}: stackprobe {} | bpftrace {}",
+            "{} round {round}: stackprobe {} | bpftrace {}",
+            w.name,
             show(ours.last().unwrap()),
             show(theirs.last().unwrap())
         );
     }
     let med = |v: &[Cost], f: &dyn Fn(&Cost) -> f64| median(v.iter().map(f).collect());
-    println!(
-        "{} probe cost, {n} operations x {rounds} rounds (medians)",
-        w.name
-    );
-    println!(
-        "{:<12} {:>16} {:>10} {:>12}",
-        "", "program", "ns/run", "ops/s"
-    );
-    println!(
-        "{:<12} {:>16} {:>10} {:>12.0}",
-        "no probes",
-        "-",
-        "-",
-        med(&none, &|c| c.ops_per_s)
-    );
-    for (i, program) in w.programs.iter().enumerate() {
-        let ops = if i == 0 {
-            format!("{:.0}", med(&ours, &|c| c.ops_per_s))
-        } else {
-            String::new()
-        };
-        println!(
-            "{:<12} {program:>16} {:>10.0} {ops:>12}",
-            if i == 0 { "stackprobe" } else { "" },
-            med(&ours, &|c| c.ns_per_run[i])
+    Ok(ProbeCost {
+        workload: w.name,
+        ops: n,
+        rounds,
+        ops_per_s_none: med(&none, &|c| c.ops_per_s),
+        ops_per_s_stackprobe: med(&ours, &|c| c.ops_per_s),
+        ops_per_s_bpftrace: med(&theirs, &|c| c.ops_per_s),
+        stackprobe: w
+            .programs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (*p, med(&ours, &|c| c.ns_per_run[i])))
+            .collect(),
+        bpftrace: w
+            .bpftrace_programs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (*p, med(&theirs, &|c| c.ns_per_run[i])))
+            .collect(),
+    })
+}
+
+impl ProbeCost {
+    /// A markdown table: one row per program, bpftrace's beside the
+    /// stackprobe program it compares with.
+    pub fn markdown(&self) -> String {
+        let mut out = format!(
+            "**{}** ({} operations × {} rounds, medians; operations/s: no probes {:.0}, stackprobe {:.0}, bpftrace {:.0})\n\n\
+             | stackprobe program | ns/run | bpftrace program | ns/run | ratio |\n|---|---:|---|---:|---:|\n",
+            self.workload,
+            self.ops,
+            self.rounds,
+            self.ops_per_s_none,
+            self.ops_per_s_stackprobe,
+            self.ops_per_s_bpftrace
         );
+        for (i, (program, ns)) in self.stackprobe.iter().enumerate() {
+            match self.bpftrace.get(i) {
+                Some((theirs, their_ns)) => out.push_str(&format!(
+                    "| {program} | {ns:.0} | {theirs}… | {their_ns:.0} | {:.2} |\n",
+                    ns / their_ns
+                )),
+                None => out.push_str(&format!("| {program} | {ns:.0} | | | |\n")),
+            }
+        }
+        out
     }
-    for (i, program) in w.bpftrace_programs.iter().enumerate() {
-        let ops = if i == 0 {
-            format!("{:.0}", med(&theirs, &|c| c.ops_per_s))
-        } else {
-            String::new()
-        };
-        println!(
-            "{:<12} {program:>16} {:>10.0} {ops:>12}",
-            if i == 0 { "bpftrace" } else { "" },
-            med(&theirs, &|c| c.ns_per_run[i])
-        );
-    }
-    println!(
-        "stackprobe / bpftrace: {} {:.2}, {} {:.2}",
-        w.programs[0],
-        med(&ours, &|c| c.ns_per_run[0]) / med(&theirs, &|c| c.ns_per_run[0]),
-        w.programs[1],
-        med(&ours, &|c| c.ns_per_run[1]) / med(&theirs, &|c| c.ns_per_run[1]),
-    );
-    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -299,25 +327,6 @@ fn stackprobe(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
         ns_per_run,
         ops_per_s,
     })
-}
-
-/// Turns the kernel's BPF run-time statistics on and restores the old value on drop.
-struct BpfStats(String);
-
-const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-impl BpfStats {
-    fn enable() -> Result<Self> {
-        let old = std::fs::read_to_string(BPF_STATS)?.trim().to_string();
-        std::fs::write(BPF_STATS, "1")?;
-        Ok(Self(old))
-    }
-}
-
-impl Drop for BpfStats {
-    fn drop(&mut self) {
-        let _ = std::fs::write(BPF_STATS, &self.0);
-    }
 }
 
 fn bpftrace(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {

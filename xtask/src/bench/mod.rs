@@ -1,0 +1,161 @@
+//! `cargo xtask bench`: what stackprobe costs the system it watches, beside
+//! bpftrace measuring the same things, written to BENCHMARKS.md.
+//!
+//! 1. probe cost (ns per program run) under accept, fork and churn loads;
+//! 2. requests/s of the lab's nginx and PHP pages with nothing attached,
+//!    stackprobe, and bpftrace, interleaved;
+//! 3. the event rates stackprobe takes without dropping, and its CPU;
+//! 4. footprint: RSS, kernel map memory and time to attach;
+//! 5. total CPU per request and per probe run (BPF + userspace).
+//!
+//! These machines are noisy: every comparison is a ratio within one run.
+
+mod capacity;
+mod footprint;
+pub mod probe_cost;
+mod server;
+mod tracer;
+
+use std::{fmt::Write as _, fs, process::Command, time::Instant};
+
+use anyhow::{Result, ensure};
+
+use crate::{lab, setup, tasks};
+
+pub use probe_cost::{ACCEPT, CHURN, FORK};
+
+/// Turns the kernel's BPF run-time statistics on and restores the old value
+/// on drop.
+pub struct BpfStats(String);
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    pub fn enable() -> Result<Self> {
+        let old = fs::read_to_string(BPF_STATS)?.trim().to_string();
+        fs::write(BPF_STATS, "1")?;
+        Ok(Self(old))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = fs::write(BPF_STATS, &self.0);
+    }
+}
+
+/// What every benchmark needs: root, bpftrace and bpftool, a release build.
+pub fn prepare() -> Result<()> {
+    ensure!(
+        tasks::is_root(),
+        "the benchmarks load kernel probes: run them as root"
+    );
+    setup::apt_packages(&["bpftrace", "bpftool"])?;
+    tasks::build()
+}
+
+/// `--quick` shortens every run (for a smoke check, not for the record).
+pub struct Scale {
+    pub quick: bool,
+}
+
+impl Scale {
+    fn pick<T>(&self, quick: T, full: T) -> T {
+        if self.quick { quick } else { full }
+    }
+}
+
+pub fn all(scale: &Scale) -> Result<()> {
+    prepare()?;
+    let started = Instant::now();
+    let mut md = header(scale)?;
+
+    md.push_str("## 1. Probe cost\n\n");
+    md.push_str(
+        "ns per run of each kernel program, from the kernel's BPF run-time statistics \
+         (`kernel.bpf_stats_enabled`, restored afterwards), under a loopback load with a known \
+         operation count; bpftrace's one-liner for the same hook in the same round. Targets: \
+         ≤ 200 ns per accept or state event, ≤ 400 ns per fork event. Every stackprobe run must \
+         count every operation with no drop, or the benchmark fails.\n\n",
+    );
+    let ops = scale.pick(3000, 20_000);
+    let rounds = scale.pick(1, 3);
+    // Forks are slower than accepts: a quarter as many keeps the rounds short.
+    for (w, n) in [(&ACCEPT, ops), (&FORK, ops / 4), (&CHURN, ops)] {
+        md.push_str(&probe_cost::run(w, n, rounds)?.markdown());
+        md.push('\n');
+    }
+
+    // Sections 2 and 5 run on the lab; it is taken down even on failure.
+    let lab_result = (|| -> Result<String> {
+        lab::up()?;
+        server::run(scale)
+    })();
+    let down = lab::down();
+    md.push_str(&lab_result?);
+    down?;
+
+    md.push_str(&capacity::run(scale)?);
+    md.push_str(&footprint::run(scale)?);
+    let _ = writeln!(
+        md,
+        "\n---\nThe whole run took {:.0} s.",
+        started.elapsed().as_secs_f64()
+    );
+    let path = tasks::workspace_root().join("BENCHMARKS.md");
+    fs::write(&path, &md)?;
+    print!("{md}");
+    eprintln!("bench: wrote {}", path.display());
+    Ok(())
+}
+
+fn header(scale: &Scale) -> Result<String> {
+    let kernel = tasks::capture(Command::new("uname").arg("-r"))?;
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("unknown CPU", |(_, m)| m.trim())
+        .to_string();
+    let cpus = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count();
+    let mem_gib = fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let commit = tasks::capture(
+        Command::new("git")
+            .args(["-C"])
+            .arg(tasks::workspace_root())
+            .args(["rev-parse", "--short", "HEAD"]),
+    )
+    .unwrap_or_default();
+    let date = tasks::capture(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?;
+    Ok(format!(
+        "# Benchmarks\n\n\
+         Produced by `cargo xtask bench{}` (as root) on {}, commit {}.\n\
+         Machine: {cpus} × {model}, {mem_gib:.0} GiB, kernel {}; bpftrace {}.\n\
+         These VMs are noisy: compare the ratios within this run, not absolute numbers \
+         across runs or machines.\n\n",
+        if scale.quick { " --quick" } else { "" },
+        date.trim(),
+        commit.trim(),
+        kernel.trim(),
+        tasks::capture(Command::new("bpftrace").arg("--version"))
+            .unwrap_or_default()
+            .trim()
+            .trim_start_matches("bpftrace ")
+    ))
+}
+
+/// Median and (min, max) of a non-empty sample.
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
