@@ -24,7 +24,7 @@ use crate::{
     model::{
         event::Event,
         links::{KernelCounters, Listener},
-        process::{Counter, LiveProcess, ProcessTable},
+        process::{Counter, LiveProcess, ProcessTable, Span},
         report::{CountRow, Report, ReportKind},
         selector::Selector,
         sockets::TcpState,
@@ -401,7 +401,7 @@ fn interval_histograms(
     duration: std::time::Duration,
 ) -> Interval {
     let mut histograms = Vec::new();
-    for (role, (_, activity)) in table.roles() {
+    for (role, (_, activity)) in table.roles(Span::Interval) {
         for (metric, m) in activity.metrics() {
             if let Some(h) = m.interval.hdr().filter(|h| !h.is_empty()) {
                 histograms.push((role.clone(), metric, h.clone()));

@@ -21,7 +21,10 @@ use tokio::{
     net::TcpListener,
 };
 
-use crate::model::{process::ProcessTable, report::Report};
+use crate::model::{
+    process::{ProcessTable, Span},
+    report::Report,
+};
 
 /// Bucket upper bounds: 2^k − 1 ns for k = 10..=36 (1 µs .. 69 s), so that
 /// "≤ le" is exact for HdrHistogram's counts.
@@ -49,7 +52,7 @@ impl Snapshot {
     /// Everything since the start, per role.
     pub fn take(table: &ProcessTable, report: &Report) -> Self {
         let mut histograms = Vec::new();
-        for (role, (_, activity)) in table.roles() {
+        for (role, (_, activity)) in table.roles(Span::Whole) {
             for (metric, m) in activity.metrics() {
                 let total = &m.total;
                 if total.is_empty() {

@@ -121,7 +121,8 @@ impl LatencyHistogram {
     }
 
     pub fn add(&mut self, other: &LatencyHistogram) {
-        let Some(theirs) = &other.hist else {
+        // Adding walks every bucket of the other histogram, empty or not.
+        let Some(theirs) = other.hist.as_ref().filter(|h| !h.is_empty()) else {
             return;
         };
         self.hist_mut()
@@ -133,7 +134,8 @@ impl LatencyHistogram {
     }
 
     pub fn reset(&mut self) {
-        if let Some(h) = &mut self.hist {
+        // Resetting clears every bucket: skip it when nothing was recorded.
+        if let Some(h) = self.hist.as_mut().filter(|h| !h.is_empty()) {
             h.reset();
         }
         self.min = u64::MAX;

@@ -24,6 +24,19 @@ pub const OTHER_ROLE: &str = "(other)";
 pub struct Metric {
     pub interval: LatencyHistogram,
     pub total: LatencyHistogram,
+    /// Samples since the start that are counted but not in `total` (a sum
+    /// over [`Span::Interval`] merges only the totals' counts).
+    pub total_uncounted: u64,
+}
+
+/// What a sum of activities needs. An interval report needs the interval's
+/// histograms and only the count of the totals: merging every process's
+/// total histograms (213 KB each) was 40% of an interval's 80 ms at 1000
+/// processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Span {
+    Interval,
+    Whole,
 }
 
 impl Metric {
@@ -32,9 +45,20 @@ impl Metric {
         self.total.record(ns);
     }
 
-    fn add(&mut self, other: &Metric) {
+    /// Samples since the start.
+    pub fn total_count(&self) -> u64 {
+        self.total.count() + self.total_uncounted
+    }
+
+    fn add(&mut self, other: &Metric, span: Span) {
         self.interval.add(&other.interval);
-        self.total.add(&other.total);
+        match span {
+            Span::Whole => {
+                self.total.add(&other.total);
+                self.total_uncounted += other.total_uncounted;
+            }
+            Span::Interval => self.total_uncounted += other.total_count(),
+        }
     }
 
     fn reset_interval(&mut self) {
@@ -124,14 +148,14 @@ impl Activity {
             .all(|c| c.total == 0)
     }
 
-    pub fn add(&mut self, other: &Activity) {
-        self.accept.add(&other.accept);
-        self.accept_queue.add(&other.accept_queue);
-        self.fork.add(&other.fork);
-        self.thread.add(&other.thread);
+    pub fn add(&mut self, other: &Activity, span: Span) {
+        self.accept.add(&other.accept, span);
+        self.accept_queue.add(&other.accept_queue, span);
+        self.fork.add(&other.fork, span);
+        self.thread.add(&other.thread, span);
         self.fork_unknown.add_counter(&other.fork_unknown);
         self.fork_failed.add_counter(&other.fork_failed);
-        self.child_lifetime.add(&other.child_lifetime);
+        self.child_lifetime.add(&other.child_lifetime, span);
         self.execs.add_counter(&other.execs);
         self.children_exec.add_counter(&other.children_exec);
         self.exited.add_counter(&other.exited);
@@ -325,7 +349,7 @@ impl ProcessTable {
         if let Some(proc) = self.procs.remove(&pid) {
             let role = proc.role();
             let folded = self.folded_role(role);
-            folded.add(&proc.activity);
+            folded.add(&proc.activity, Span::Whole);
             folded.exited.bump();
         }
     }
@@ -418,8 +442,8 @@ impl ProcessTable {
     }
 
     /// Every role with its live pids and its activity: exited members' folded
-    /// totals plus the live members' numbers.
-    pub fn roles(&self) -> BTreeMap<String, (Vec<u32>, Activity)> {
+    /// totals plus the live members' numbers (histograms for `span`).
+    pub fn roles(&self, span: Span) -> BTreeMap<String, (Vec<u32>, Activity)> {
         let mut out: BTreeMap<String, (Vec<u32>, Activity)> = self
             .folded
             .iter()
@@ -428,7 +452,7 @@ impl ProcessTable {
         for p in self.procs.values() {
             let (pids, activity) = out.entry(p.role()).or_default();
             pids.push(p.pid);
-            activity.add(&p.activity);
+            activity.add(&p.activity, span);
         }
         out
     }
@@ -562,7 +586,7 @@ mod tests {
         t.apply(&spawn(1, 51, "postgres", 0));
         t.apply(&fork(50, 60, TaskKind::Process, 7));
         t.apply(&exit(50, 9_000_000));
-        let roles = t.roles();
+        let roles = t.roles(Span::Whole);
         let (pids, backend) = &roles["postgres backend"];
         assert_eq!(pids, &[51]);
         assert_eq!(
@@ -587,7 +611,7 @@ mod tests {
         assert_eq!(p.activity.accept.total.count(), 0);
         assert_eq!(p.born_ns, Some(1_000));
         assert_eq!(
-            t.roles()["srv worker"].1.accept.total.count(),
+            t.roles(Span::Whole)["srv worker"].1.accept.total.count(),
             1,
             "the old one folded"
         );
@@ -621,7 +645,7 @@ mod tests {
         t.sync_watched(&[]);
         t.sync_watched(&[]);
         assert!(t.folded_roles() <= MAX_ROLES);
-        assert!(t.roles().contains_key(OTHER_ROLE));
+        assert!(t.roles(Span::Whole).contains_key(OTHER_ROLE));
     }
 
     #[test]
@@ -645,7 +669,7 @@ mod tests {
         // …two are.
         t.sync_watched(&[live(1, "nginx")]);
         assert!(t.get(2).is_none());
-        let worker = &t.roles()["nginx worker"].1;
+        let worker = &t.roles(Span::Whole)["nginx worker"].1;
         assert_eq!(worker.accept.total.count(), 1);
         assert_eq!(worker.exited.total, 1);
     }
@@ -666,7 +690,7 @@ mod tests {
         t.apply(&exit(5, 51_000));
         assert_eq!(t.get(1).unwrap().activity.child_lifetime.total.count(), 1);
         assert_eq!(
-            t.roles()["srv worker"].1.exited.total,
+            t.roles(Span::Whole)["srv worker"].1.exited.total,
             1,
             "folded once, not twice"
         );

@@ -9,7 +9,7 @@ use super::{
     histogram::{LatencyHistogram, Log2Bucket, Summary},
     insights::insights,
     links::Side,
-    process::{Activity, Counter, Metric, ProcessTable},
+    process::{Activity, Counter, Metric, ProcessTable, Span},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -243,7 +243,7 @@ impl Period {
         MetricRow {
             latency: hist.summary(),
             rate_per_s: self.rate(hist.count()),
-            total: m.total.count(),
+            total: m.total_count(),
             log2_buckets: hist.log2_buckets(),
         }
     }
@@ -279,8 +279,12 @@ impl Report {
             kind,
             secs: period.as_secs_f64(),
         };
+        let span = match kind {
+            ReportKind::Interval => Span::Interval,
+            ReportKind::Summary => Span::Whole,
+        };
         let mut roles: Vec<RoleRow> = table
-            .roles()
+            .roles(span)
             .into_iter()
             .map(|(role, (pids, activity))| role_row(&p, table, role, &pids, &activity))
             .collect();
