@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use probes_common::watch::WatchReason;
+use probes_common::{accept::AcceptEvent, event::EVENTS_RING_BYTES, watch::WatchReason};
 use stackprobe::model::{report::Drops, selector::Selector};
 use support::*;
 
@@ -213,10 +213,12 @@ fn a_full_ring_buffer_counts_every_lost_event() {
     let mut s = Session::start();
     s.probes.watch_pid(server.pid).unwrap();
 
-    // More accepts than the 1 MiB ring holds (~18.7k events), with nobody
-    // draining it meanwhile. Unix sockets, so that accepts are the only
-    // events (TCP connections also report their state changes).
-    let n = 22_000;
+    // 20% more accepts than the ring holds, with nobody draining it
+    // meanwhile. Unix sockets, so that accepts are the only events (TCP
+    // connections also report their state changes). A record is the event
+    // plus an 8-byte header, rounded up to 8.
+    let record = (std::mem::size_of::<AcceptEvent>() as u64 + 8).next_multiple_of(8);
+    let n = u64::from(EVENTS_RING_BYTES) / record * 6 / 5;
     server.send(&format!("accept {n} unix accept4"));
     let client = std::process::Command::new(LOOPBACK)
         .args(["connect", "unix", path.to_str().unwrap(), &n.to_string()])

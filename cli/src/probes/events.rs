@@ -11,8 +11,9 @@ use tokio::io::unix::AsyncFd;
 use super::{accept, fork, sock, watch};
 use crate::model::event::Event;
 
-/// How often the consumer drains without a wakeup. 1 MiB of ring holds ~18k
-/// accept events, so this keeps up with several hundred thousand events/s.
+/// How often the consumer drains without a wakeup. 4 MiB of ring holds ~75k
+/// accept events, so this keeps up with several hundred thousand events/s
+/// when the consumer gets the CPU it needs.
 pub const DRAIN_PERIOD: std::time::Duration = std::time::Duration::from_millis(50);
 
 pub fn decode(bytes: &[u8]) -> Option<Event> {
