@@ -206,10 +206,11 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     // Whose socket is it? For changes made by the owner's own syscalls, the
     // caller's; otherwise one we learned about, or a connection arriving at a
     // watched listener.
+    let tracked = unsafe { TRACKED.get(sk) }.copied();
     let owner = if by_owner && is_watched(tgid) {
         tgid
-    } else if let Some(owner) = unsafe { TRACKED.get(sk) } {
-        *owner
+    } else if let Some(owner) = tracked {
+        owner
     } else if old == TCP_SYN_RECV as i32 && new == TCP_ESTABLISHED as i32 {
         match unsafe { LISTEN_OWNERS.get(u32::from(lport)) } {
             Some(owner) => *owner,
@@ -230,7 +231,11 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
             let _ = LISTEN_OWNERS.remove(u32::from(lport));
         }
     } else {
-        let _ = TRACKED.insert(sk, owner, 0);
+        // An LRU update costs more than the rest of the program: only when
+        // the socket is new to us or changes hands.
+        if tracked != Some(owner) {
+            let _ = TRACKED.insert(sk, owner, 0);
+        }
         if new == TCP_LISTEN as i32 {
             let _ = LISTEN_OWNERS.insert(u32::from(lport), owner, 0);
         }
