@@ -102,6 +102,11 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     observe_sockets(&mut probes, &mut table)?;
     let mut events = EventStream::new(probes.take_events()?).context("polling the ring buffer")?;
 
+    // Before saying the probes are attached: whoever waits for that line may
+    // send SIGINT next, and it must end the run with its summary.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
     let mut ui = if !args.json && !args.no_tui && io::stdout().is_terminal() {
         Some(DashboardUi::start()?)
     } else {
@@ -122,9 +127,6 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
         );
     }
 
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     let start = Instant::now();
     let deadline = args.duration.map(|d| time::Instant::from_std(start + d));
     let mut drain_tick = time::interval(DRAIN_PERIOD);
