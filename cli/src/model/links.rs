@@ -11,9 +11,11 @@
 //! never guessed.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     net::SocketAddr,
 };
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{
     event::TcpStateSample,
@@ -66,6 +68,9 @@ pub struct LinkStats {
     pub new_time_wait: Counter,
 }
 
+/// Keyed by 4-tuple in hash maps with a fast hasher: a snapshot hashes every
+/// TIME_WAIT socket on the machine (tens of thousands under load), and
+/// SipHash was a tenth of stackprobe's CPU there.
 type Tuple = (SocketAddr, SocketAddr);
 
 /// A listening socket of a watched process, from the last snapshot.
@@ -108,12 +113,12 @@ pub struct LinkTable {
     /// Sockets' sides and owners' roles, learned when they opened (and
     /// dropped when they close): a socket stays on its link even after its
     /// owner exits.
-    sides: HashMap<Tuple, (Side, String)>,
+    sides: FxHashMap<Tuple, (Side, String)>,
     /// Who closed first, by 4-tuple: kept while the socket may be or is in
     /// TIME_WAIT. The snapshot number it was learned in, to expire it.
-    closers: HashMap<Tuple, (String, Side, u64)>,
+    closers: FxHashMap<Tuple, (String, Side, u64)>,
     /// Attributed TIME_WAIT sockets in the last snapshot.
-    time_wait: HashSet<Tuple>,
+    time_wait: FxHashSet<Tuple>,
     snapshots: u64,
     /// Watched listeners: port → owner.
     listeners: HashMap<u16, u32>,
@@ -214,7 +219,7 @@ impl LinkTable {
     /// link, now and new since the last snapshot.
     pub fn observe(&mut self, sockets: &[TcpSock]) {
         self.snapshots += 1;
-        let now: HashSet<Tuple> = sockets
+        let now: FxHashSet<Tuple> = sockets
             .iter()
             .filter(|s| s.state == TcpState::TimeWait)
             .map(|s| (s.local, s.remote))
@@ -225,7 +230,7 @@ impl LinkTable {
         // Attributed TIME_WAIT sockets: a socket counts as new once, under
         // its closer, even if its close event arrived after the snapshot that
         // first showed it (it is then unknown for one snapshot).
-        let mut attributed = HashSet::new();
+        let mut attributed = FxHashSet::default();
         for &tuple in &now {
             let key = match self.closers.get(&tuple) {
                 Some((owner, side, _)) => {
