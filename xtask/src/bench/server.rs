@@ -42,6 +42,8 @@ struct Run {
     bpf_ns: u64,
     /// The tracer's own CPU during the load, in seconds.
     user_cpu_s: f64,
+    /// Events stackprobe lost (ring buffer full).
+    drops: u64,
 }
 
 /// bpftrace measuring what stackprobe measures on the lab: accept and clone
@@ -87,15 +89,13 @@ fn measure(config: Config, load: &LoadArgs, script: &str) -> Result<Run> {
         wrk.non_2xx,
         wrk.socket_errors
     );
+    // Drops are a result here (the server and wrk compete with the tracer
+    // for two cores), reported beside the throughput.
+    let mut drops = 0;
     if let Some(tracer) = tracer {
         let lines = tracer.stop()?;
         if config == Config::Stackprobe {
-            let s = summary(&lines)?;
-            ensure!(
-                s["drops"] == 0,
-                "stackprobe dropped events: {}",
-                s["drops_by_cause"]
-            );
+            drops = summary(&lines)?["drops"].as_u64().unwrap_or(0);
         }
     }
     Ok(Run {
@@ -104,6 +104,7 @@ fn measure(config: Config, load: &LoadArgs, script: &str) -> Result<Run> {
         bpf_runs: runs_after.0 - runs_before.0,
         bpf_ns: runs_after.1 - runs_before.1,
         user_cpu_s: cpu_after - cpu_before,
+        drops,
     })
 }
 
@@ -164,7 +165,7 @@ pub fn run(scale: &Scale) -> Result<String> {
         let _ = writeln!(
             md2,
             "**{what}** ({rounds} rounds × {seconds} s)\n\n\
-             | configuration | requests/s median [min–max] | vs nothing attached, per round: median [min–max] |\n|---|---:|---:|"
+             | configuration | requests/s median [min–max] | vs nothing attached, per round: median [min–max] | events dropped |\n|---|---:|---:|---:|"
         );
         for (i, config) in CONFIGS.into_iter().enumerate() {
             let (med, lo, hi) = spread(&runs.iter().map(|r| r[i].per_s).collect::<Vec<_>>());
@@ -179,9 +180,14 @@ pub fn run(scale: &Scale) -> Result<String> {
                 );
                 format!("{m:.3} [{l:.3}–{h:.3}]")
             };
+            let drops = if config == Config::Stackprobe {
+                runs.iter().map(|r| r[i].drops).sum::<u64>().to_string()
+            } else {
+                "-".to_string()
+            };
             let _ = writeln!(
                 md2,
-                "| {} | {med:.0} [{lo:.0}–{hi:.0}] | {ratio} |",
+                "| {} | {med:.0} [{lo:.0}–{hi:.0}] | {ratio} | {drops} |",
                 config.name()
             );
         }

@@ -111,12 +111,11 @@ impl Tracer {
                 break status;
             }
             if Instant::now() > deadline {
-                let wchan =
-                    fs::read_to_string(format!("/proc/{}/wchan", self.pid)).unwrap_or_default();
+                let diagnosis = diagnose(self.pid);
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 bail!(
-                    "tracer {} did not exit within 60 s of SIGINT (waiting in {wchan:?})",
+                    "tracer {} did not exit within 60 s of SIGINT: {diagnosis}",
                     self.pid
                 );
             }
@@ -131,6 +130,30 @@ impl Tracer {
         }
         Ok(lines)
     }
+}
+
+/// What a process that ignores SIGINT is doing: its name, signal masks and
+/// where each thread waits.
+fn diagnose(pid: u32) -> String {
+    let read = |p: String| fs::read_to_string(p).unwrap_or_default();
+    let status = read(format!("/proc/{pid}/status"));
+    let signals: Vec<&str> = status
+        .lines()
+        .filter(|l| l.starts_with("Name:") || l.starts_with("Sig"))
+        .collect();
+    let threads: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|t| {
+                let tid = t.ok()?.file_name().into_string().ok()?;
+                Some(format!(
+                    "{tid}:{}",
+                    read(format!("/proc/{pid}/task/{tid}/wchan"))
+                ))
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    format!("{} threads [{}]", signals.join(" "), threads.join(" "))
 }
 
 /// stackprobe's `--json` summary among its output lines.
