@@ -85,8 +85,8 @@ pub struct DiffArgs {
     /// Only roles whose name contains this.
     #[arg(long)]
     pub role: Option<String>,
-    /// Only this metric: accept, accept_queue, fork, thread, child_lifetime.
-    #[arg(long)]
+    /// Only this metric.
+    #[arg(long, value_parser = METRICS)]
     pub metric: Option<String>,
     /// One JSON object per role and metric instead of text.
     #[arg(long)]
@@ -104,8 +104,8 @@ pub struct ReportArgs {
     /// Only roles whose name contains this.
     #[arg(long)]
     pub role: Option<String>,
-    /// Only this metric: accept, accept_queue, fork, thread, child_lifetime.
-    #[arg(long)]
+    /// Only this metric.
+    #[arg(long, value_parser = METRICS)]
     pub metric: Option<String>,
     /// Only intervals starting at or after this offset into the recording (e.g. 30s).
     #[arg(long, value_parser = parse_duration)]
@@ -141,7 +141,7 @@ pub struct WatchArgs {
     pub pids: Vec<u32>,
 
     /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_run_duration)]
     pub duration: Option<Duration>,
 
     /// Report every interval.
@@ -177,20 +177,34 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (try 500ms, 10s or 2m)"))
 }
 
-fn parse_demo_duration(s: &str) -> Result<Duration, String> {
+/// The metrics a recording holds, for `--metric`.
+pub const METRICS: [&str; 5] = ["accept", "accept_queue", "fork", "thread", "child_lifetime"];
+
+/// Longer runs and intervals are refused rather than overflowing a clock.
+const LONGEST: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+fn parse_bounded(s: &str, min: Duration, min_text: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
-    if d < Duration::from_secs(1) {
-        return Err("must be at least 1s".into());
+    if d < min {
+        return Err(format!("must be at least {min_text}"));
+    }
+    if d > LONGEST {
+        return Err("must be at most 10 years".into());
     }
     Ok(d)
 }
 
+fn parse_run_duration(s: &str) -> Result<Duration, String> {
+    parse_bounded(s, Duration::from_nanos(1), "1ns")
+        .map_err(|e| format!("{e} (leave --duration out to run until Ctrl-C)"))
+}
+
+fn parse_demo_duration(s: &str) -> Result<Duration, String> {
+    parse_bounded(s, Duration::from_secs(1), "1s")
+}
+
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d < Duration::from_millis(10) {
-        return Err("must be at least 10ms".into());
-    }
-    Ok(d)
+    parse_bounded(s, Duration::from_millis(10), "10ms")
 }
 
 #[cfg(test)]

@@ -26,6 +26,15 @@ pub struct Row {
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
+    if let (Some(from), Some(to)) = (args.from, args.to)
+        && from >= to
+    {
+        bail!(
+            "--from {} is not before --to {}: the window would be empty",
+            humantime::format_duration(from),
+            humantime::format_duration(to)
+        );
+    }
     let filter = Filter {
         role: args.role,
         metric: args.metric,

@@ -128,7 +128,11 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     }
 
     let start = Instant::now();
-    let deadline = args.duration.map(|d| time::Instant::from_std(start + d));
+    // The parser caps --duration at 10 years; past the clock's range, no end.
+    let deadline = args
+        .duration
+        .and_then(|d| start.checked_add(d))
+        .map(time::Instant::from_std);
     let mut drain_tick = time::interval(DRAIN_PERIOD);
     drain_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut report_tick = time::interval_at(
