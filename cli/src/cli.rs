@@ -23,6 +23,9 @@ pub enum Command {
     Report(ReportArgs),
     /// Two recordings side by side: rates and percentiles before and after.
     Diff(DiffArgs),
+    /// Check that this machine can run `watch` (privileges, lockdown, BTF,
+    /// tracefs, every hook tried for real), with the fix for what fails.
+    Doctor,
     /// See stackprobe work on two built-in servers, nothing to install (root).
     ///
     /// Starts two loopback servers, one forking a process per connection (like

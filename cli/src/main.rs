@@ -9,6 +9,7 @@ fn main() -> ExitCode {
         Command::Watch(args) => stackprobe::cmd::watch::run(args),
         Command::Report(args) => stackprobe::cmd::report::run(args),
         Command::Diff(args) => stackprobe::cmd::diff::run(args),
+        Command::Doctor => stackprobe::cmd::doctor::run(),
         Command::Demo(args) => stackprobe::cmd::demo::run(args),
         Command::DemoServer(args) => stackprobe::cmd::demo::serve(args),
     };

@@ -253,6 +253,55 @@ fn no_btf_and_missing_privileges_get_a_message_and_a_non_zero_exit() {
 }
 
 #[test]
+fn doctor_tries_every_hook_and_names_what_fails_in_watchs_words() {
+    let _lock = probe_lock();
+    require_root();
+    let out = run(Command::new(STACKPROBE).arg("doctor"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for check in ["privileges", "BTF", "tracefs and tracepoints", "iter/tcp"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("ok ") && l.contains(check)),
+            "{check} not ok:\n{stdout}"
+        );
+    }
+    // The optional hooks are tried, whatever this kernel says of them.
+    for hook in ["tp_btf:", "fentry:", "kprobe:"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| (l.starts_with("ok ") || l.starts_with("note")) && l.contains(hook)),
+            "{hook} not tried:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("hooks watch uses on this kernel:"));
+    assert!(loaded_stackprobe_programs().is_empty());
+
+    let out = run(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        STACKPROBE,
+        "doctor",
+    ]));
+    assert_fails(&out, 1, "fix the FAIL lines above");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(
+            "FAIL  stackprobe loads kernel probes and needs root (missing CAP_BPF and CAP_PERFMON)"
+        ),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn a_fork_per_connection_server_shows_as_master_with_one_fork_per_accept() {
     let _lock = probe_lock();
     require_root();

@@ -6,6 +6,7 @@
 mod accept;
 mod events;
 mod fork;
+mod hooks;
 mod slots;
 mod sock;
 mod watch;

@@ -2,5 +2,6 @@
 
 pub mod demo;
 pub mod diff;
+pub mod doctor;
 pub mod report;
 pub mod watch;

@@ -54,6 +54,7 @@ pub struct Probes {
 impl Probes {
     pub fn load(options: Options) -> Result<Self> {
         preflight::check_privileges()?;
+        preflight::check_lockdown()?;
         let btf = preflight::load_btf()?;
         let tracefs = Tracefs::open_or_mount()?;
 
@@ -98,6 +99,12 @@ impl Probes {
             _stats: stats,
             _tracefs: tracefs,
         })
+    }
+
+    /// Tries the optional hooks (tp_btf, fentry, kprobe) on this kernel.
+    pub fn check_hooks(&mut self) -> Result<Vec<super::hooks::HookCheck>> {
+        let btf = preflight::load_btf()?;
+        Ok(super::hooks::check(&mut self.ebpf, &btf))
     }
 
     pub fn watch_names(&mut self, keys: &[[u8; TASK_COMM_LEN]]) -> Result<()> {
@@ -150,7 +157,7 @@ impl Probes {
     /// `probe_cost`.
     pub fn costs(&self) -> Result<Vec<ProgramCost>> {
         let mut out = Vec::new();
-        for (name, program) in self.ebpf.programs() {
+        for (name, program) in self.loaded_programs() {
             let info = program
                 .info()
                 .with_context(|| format!("reading info of {name}"))?;
@@ -164,10 +171,15 @@ impl Probes {
         Ok(out)
     }
 
+    /// The object's programs that are in the kernel: all but the hook
+    /// checks, which only `doctor` loads.
+    fn loaded_programs(&self) -> impl Iterator<Item = (&str, &aya::programs::Program)> {
+        self.ebpf.programs().filter(|(_, p)| p.fd().is_ok())
+    }
+
     /// Kernel ids of every loaded program, so tests can check they go away.
     pub fn program_ids(&self) -> Result<Vec<u32>> {
-        self.ebpf
-            .programs()
+        self.loaded_programs()
             .map(|(name, p)| {
                 p.info()
                     .map(|i| i.id())

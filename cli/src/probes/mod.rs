@@ -6,6 +6,7 @@ pub mod accept;
 pub mod btf;
 pub mod events;
 pub mod fork;
+pub mod hooks;
 pub mod loader;
 pub mod preflight;
 pub mod sock;

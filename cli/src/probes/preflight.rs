@@ -24,6 +24,24 @@ pub fn check_privileges() -> Result<()> {
     missing_privileges(caps).map_or(Ok(()), |msg| bail!(msg))
 }
 
+/// Kernel lockdown in "confidentiality" mode forbids BPF from reading kernel
+/// memory, which every probe does.
+pub fn check_lockdown() -> Result<()> {
+    lockdown_problem(&fs::read_to_string(LOCKDOWN).unwrap_or_default())
+        .map_or(Ok(()), |msg| bail!(msg))
+}
+
+fn lockdown_problem(mode: &str) -> Option<String> {
+    mode.contains("[confidentiality]").then(|| {
+        format!(
+            "the kernel is locked down (confidentiality, {LOCKDOWN}), which forbids BPF programs \
+             from reading kernel memory; boot with lockdown=integrity or none to use stackprobe"
+        )
+    })
+}
+
+pub const LOCKDOWN: &str = "/sys/kernel/security/lockdown";
+
 pub fn load_btf() -> Result<Btf> {
     let path = btf_path();
     if !path.exists() {
@@ -64,6 +82,15 @@ fn missing_privileges(caps: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_confidentiality_lockdown_stops_the_probes() {
+        assert_eq!(lockdown_problem("[none] integrity confidentiality\n"), None);
+        assert_eq!(lockdown_problem("none [integrity] confidentiality\n"), None);
+        assert_eq!(lockdown_problem(""), None);
+        let msg = lockdown_problem("none integrity [confidentiality]\n").unwrap();
+        assert!(msg.contains("lockdown=integrity"), "{msg}");
+    }
 
     #[test]
     fn root_has_everything() {

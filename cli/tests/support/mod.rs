@@ -281,11 +281,17 @@ pub const PROGRAM_NAMES: [&str; 11] = [
     "watch_exit",
 ];
 
+/// The do-nothing programs `doctor` loads to try a hook.
+pub const HOOK_PROGRAM_NAMES: [&str; 3] = ["hook_tp_btf", "hook_fentry", "hook_kprobe"];
+
 /// Ids of loaded programs carrying one of stackprobe's program names.
 pub fn loaded_stackprobe_programs() -> Vec<u32> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
-        .filter(|p| p.name_as_str().is_some_and(|n| PROGRAM_NAMES.contains(&n)))
+        .filter(|p| {
+            p.name_as_str()
+                .is_some_and(|n| PROGRAM_NAMES.contains(&n) || HOOK_PROGRAM_NAMES.contains(&n))
+        })
         .map(|p| p.id())
         .collect()
 }

@@ -1,0 +1,173 @@
+//! `stackprobe doctor`: whether this machine can run `watch`, one line per
+//! check with the fix, and which hook each metric uses here. The checks are
+//! the ones `watch` makes before loading (same functions, same words); the
+//! hooks are tried for real by loading and attaching the probes.
+
+use std::fs;
+
+use anyhow::{Result, bail};
+
+use crate::probes::{Options, Probes, preflight};
+
+enum Verdict {
+    Ok,
+    /// Worth knowing, not in the way.
+    Note,
+    /// `watch` cannot run until this is fixed.
+    Fail,
+}
+
+struct Line {
+    verdict: Verdict,
+    text: String,
+}
+
+fn line(verdict: Verdict, text: impl Into<String>) -> Line {
+    Line {
+        verdict,
+        text: text.into(),
+    }
+}
+
+fn from(result: Result<()>, ok: &str) -> Line {
+    match result {
+        Ok(()) => line(Verdict::Ok, ok),
+        Err(e) => line(Verdict::Fail, format!("{e:#}")),
+    }
+}
+
+/// Metric → the hook `watch` uses for it on every kernel today. The fentry
+/// and fexit rungs the ladder will add are named where they will go.
+const LADDER: [(&str, &str); 5] = [
+    (
+        "accept latency",
+        "tracepoints syscalls/sys_{enter,exit}_accept{,4}",
+    ),
+    (
+        "accept-queue wait",
+        "tracepoint exit + fd → socket walk, joined with sock/inet_sock_set_state (fexit on inet_csk_accept: not implemented)",
+    ),
+    (
+        "fork latency",
+        "tracepoints syscalls/sys_{enter,exit}_{clone,clone3,fork,vfork} (fentry on kernel_clone: not implemented)",
+    ),
+    (
+        "process lifecycle",
+        "tracepoints sched/sched_process_{fork,exec,exit}",
+    ),
+    (
+        "TCP sockets",
+        "iter/tcp every interval + tracepoint sock/inet_sock_set_state",
+    ),
+];
+
+pub fn run() -> Result<()> {
+    let mut lines = vec![
+        from(
+            preflight::check_privileges(),
+            "privileges: CAP_BPF and CAP_PERFMON (or root)",
+        ),
+        unprivileged_bpf(),
+        from(preflight::check_lockdown(), &lockdown_ok()),
+        from(
+            preflight::load_btf().map(|_| ()),
+            &format!("BTF: {}", preflight::btf_path().display()),
+        ),
+        bpffs(),
+    ];
+    let mut usable = lines.iter().all(|l| !matches!(l.verdict, Verdict::Fail));
+    if usable {
+        match Probes::load(Options::default()) {
+            Ok(mut probes) => {
+                lines.push(line(
+                    Verdict::Ok,
+                    "tracefs and tracepoints: every probe loaded and attached",
+                ));
+                lines.push(match probes.tcp_sockets() {
+                    Ok(sockets) => line(
+                        Verdict::Ok,
+                        format!("iter/tcp: walks every TCP socket ({} now)", sockets.len()),
+                    ),
+                    Err(e) => line(Verdict::Fail, format!("iter/tcp: {e:#}")),
+                });
+                for check in probes.check_hooks()? {
+                    lines.push(match check.result {
+                        Ok(()) => line(
+                            Verdict::Ok,
+                            format!("{}: attaches ({})", check.hook, check.target),
+                        ),
+                        Err(e) => line(
+                            Verdict::Note,
+                            format!(
+                                "{}: not available here ({}: {e:#}); watch does not need it",
+                                check.hook, check.target
+                            ),
+                        ),
+                    });
+                }
+            }
+            Err(e) => {
+                usable = false;
+                lines.push(line(Verdict::Fail, format!("{e:#}")));
+            }
+        }
+    }
+    for l in &lines {
+        let tag = match l.verdict {
+            Verdict::Ok => "ok  ",
+            Verdict::Note => "note",
+            Verdict::Fail => "FAIL",
+        };
+        println!("{tag}  {}", l.text);
+    }
+    if !usable {
+        bail!("stackprobe watch cannot run here: fix the FAIL lines above");
+    }
+    println!("hooks watch uses on this kernel:");
+    for (metric, hook) in LADDER {
+        println!("  {metric:<18} {hook}");
+    }
+    Ok(())
+}
+
+fn unprivileged_bpf() -> Line {
+    let path = "/proc/sys/kernel/unprivileged_bpf_disabled";
+    match fs::read_to_string(path).map(|s| s.trim().to_string()) {
+        Ok(v) if v == "0" => line(
+            Verdict::Note,
+            "kernel.unprivileged_bpf_disabled = 0: any user may load BPF programs (stackprobe needs root either way)",
+        ),
+        Ok(v) => line(
+            Verdict::Ok,
+            format!(
+                "kernel.unprivileged_bpf_disabled = {v}: only privileged users load BPF (run stackprobe with sudo)"
+            ),
+        ),
+        Err(e) => line(Verdict::Note, format!("{path}: {e}")),
+    }
+}
+
+fn lockdown_ok() -> String {
+    match fs::read_to_string(preflight::LOCKDOWN) {
+        Ok(mode) => format!("lockdown: {}", mode.trim()),
+        Err(_) => "lockdown: not enforced (no securityfs lockdown file)".into(),
+    }
+}
+
+fn bpffs() -> Line {
+    let mounted = fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split_whitespace().nth(2) == Some("bpf"))
+    });
+    if mounted {
+        line(
+            Verdict::Ok,
+            "bpffs: mounted (stackprobe pins nothing, so it is not needed)",
+        )
+    } else {
+        line(
+            Verdict::Note,
+            "bpffs: not mounted (stackprobe pins nothing, so it is not needed)",
+        )
+    }
+}
