@@ -122,6 +122,9 @@ pub struct ReportArgs {
     /// SVG or PNG file (chosen by the extension).
     #[arg(long, value_name = "FILE.svg|FILE.png")]
     pub plot: Option<std::path::PathBuf>,
+    /// Overwrite an existing --plot file (never written through a symlink).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -169,6 +172,10 @@ pub struct WatchArgs {
     /// as an HdrHistogram interval log; read it with `stackprobe report`.
     #[arg(long, value_name = "FILE")]
     pub record: Option<std::path::PathBuf>,
+
+    /// Overwrite an existing --record file (never written through a symlink).
+    #[arg(long)]
+    pub force: bool,
 
     /// Report each kernel program's run count and ns per run (turns on the
     /// kernel's BPF run-time statistics, which add ~20 ns to every BPF run).

@@ -9,7 +9,8 @@ use std::process::{Command, Stdio};
 use support::*;
 
 /// (arguments, exit status, part of the message). `{dir}` is a scratch
-/// directory holding `garbage.hlog` (not a recording) and `empty.hlog`.
+/// directory holding `garbage.hlog` (not a recording), `empty.hlog` and
+/// `link.hlog` (a symlink to garbage.hlog).
 const ROWS: &[(&[&str], i32, &str)] = &[
     (&["watch"], 1, "name at least one process to watch"),
     (&["watch", "--pid", "0"], 1, "0 is not a process id"),
@@ -112,6 +113,31 @@ const ROWS: &[(&[&str], i32, &str)] = &[
             "watch",
             "x",
             "--record",
+            "{dir}/empty.hlog",
+            "--duration",
+            "1s",
+        ],
+        1,
+        "empty.hlog exists; pass --force to overwrite it",
+    ),
+    (
+        &[
+            "watch",
+            "x",
+            "--record",
+            "{dir}/link.hlog",
+            "--force",
+            "--duration",
+            "1s",
+        ],
+        1,
+        "link.hlog is a symbolic link; stackprobe does not write through links",
+    ),
+    (
+        &[
+            "watch",
+            "x",
+            "--record",
             "/nonexistent/dir/x.hlog",
             "--duration",
             "1s",
@@ -140,6 +166,7 @@ fn every_bad_input_gets_its_message_and_exit_status() {
     let dir = TempDir::new("bad-input");
     std::fs::write(dir.0.join("garbage.hlog"), "x").unwrap();
     std::fs::write(dir.0.join("empty.hlog"), "").unwrap();
+    std::os::unix::fs::symlink(dir.0.join("garbage.hlog"), dir.0.join("link.hlog")).unwrap();
     let scratch = dir.0.to_str().unwrap();
     for (args, code, message) in ROWS {
         let args: Vec<String> = args.iter().map(|a| a.replace("{dir}", scratch)).collect();

@@ -114,6 +114,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             no_tui: args.no_tui,
             listen: None,
             record: None,
+            force: false,
             probe_cost: false,
         },
         Hooks {

@@ -137,7 +137,7 @@ mod tests {
         fork_ns: u64,
     ) -> std::path::PathBuf {
         let path = dir.join(name);
-        let rec = Recorder::create(&path).unwrap();
+        let rec = Recorder::create(&path, true).unwrap();
         for i in 0..10u64 {
             let mut accept = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
             accept.record_n(3_000, 400).unwrap();

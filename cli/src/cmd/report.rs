@@ -45,7 +45,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
     let rows = rows(&args.file, &filter)?;
     print!("{}", render(&rows, args.format));
     if let Some(path) = &args.plot {
-        plot::write(path, &series(&args.file, &filter)?)?;
+        plot::write(path, args.force, &series(&args.file, &filter)?)?;
         eprintln!("stackprobe: plotted {}", path.display());
     }
     Ok(())
@@ -208,7 +208,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sp-report-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("r.hlog");
-        let rec = Recorder::create(&path).unwrap();
+        let rec = Recorder::create(&path, true).unwrap();
         for i in 0..4u64 {
             let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
             h.record_n(1_000 * (i + 1), 10).unwrap();

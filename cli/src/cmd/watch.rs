@@ -86,7 +86,11 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     // some 25 MB now free that malloc would otherwise keep for the whole run.
     // SAFETY: malloc_trim only returns free heap pages to the kernel.
     unsafe { libc::malloc_trim(0) };
-    let recorder = args.record.as_deref().map(Recorder::create).transpose()?;
+    let recorder = args
+        .record
+        .as_deref()
+        .map(|path| Recorder::create(path, args.force))
+        .transpose()?;
     let endpoint = match args.listen {
         Some(addr) => {
             let endpoint = Endpoint::start(addr).await?;

@@ -66,9 +66,9 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn create(path: &Path) -> Result<Self> {
-        let file = File::create(path)
-            .with_context(|| format!("creating the recording {}", path.display()))?;
+    /// Creates `path` (an existing file only with `force`; see `file`).
+    pub fn create(path: &Path, force: bool) -> Result<Self> {
+        let file = super::file::create(path, force, "recording")?;
         let (tx, rx) = mpsc::channel::<Interval>();
         let error = Arc::new(Mutex::new(None));
         let failed = error.clone();
@@ -281,7 +281,7 @@ mod tests {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.hlog");
-        let rec = Recorder::create(&path).unwrap();
+        let rec = Recorder::create(&path, true).unwrap();
         for i in intervals {
             rec.record(i);
         }

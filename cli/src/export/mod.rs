@@ -1,5 +1,6 @@
 //! Exporters: the model's histograms written out for later analysis.
 
+pub mod file;
 pub mod hlog;
 pub mod plot;
 pub mod prometheus;

@@ -76,26 +76,55 @@ fn load_font() -> Result<()> {
     Ok(())
 }
 
-/// Draws into `path`, an SVG or PNG file chosen by its extension.
-pub fn write(path: &Path, series: &[Series]) -> Result<()> {
+/// Draws into `path`, an SVG or PNG file chosen by its extension, created
+/// as `export::file` creates files (an existing one only with `force`).
+pub fn write(path: &Path, force: bool, series: &[Series]) -> Result<()> {
     if series.is_empty() {
         bail!("nothing to plot");
     }
-    let size = (1000, 800);
+    let (width, height) = (1000u32, 800u32);
     let extension = path
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
     load_font()?;
-    let drawn = match extension.as_deref() {
-        Some("svg") => draw(SVGBackend::new(path, size).into_drawing_area(), series),
-        Some("png") => draw(BitMapBackend::new(path, size).into_drawing_area(), series),
+    // Drawn in memory, so the file is opened only by us, safely.
+    let drawing = || format!("drawing {}", path.display());
+    let bytes = match extension.as_deref() {
+        Some("svg") => {
+            let mut svg = String::new();
+            draw(
+                SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area(),
+                series,
+            )
+            .with_context(drawing)?;
+            svg.into_bytes()
+        }
+        Some("png") => {
+            let mut rgb = vec![0u8; (width * height * 3) as usize];
+            draw(
+                BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area(),
+                series,
+            )
+            .with_context(drawing)?;
+            let mut png_bytes = Vec::new();
+            let mut encoder = png::Encoder::new(&mut png_bytes, width, height);
+            encoder.set_color(png::ColorType::Rgb);
+            encoder.set_depth(png::BitDepth::Eight);
+            encoder
+                .write_header()
+                .and_then(|mut w| w.write_image_data(&rgb))
+                .with_context(drawing)?;
+            png_bytes
+        }
         _ => bail!(
             "{}: --plot writes .svg or .png files; name the file with one of those extensions",
             path.display()
         ),
     };
-    drawn.with_context(|| format!("drawing {}", path.display()))
+    let mut file = super::file::create(path, force, "plot")?;
+    std::io::Write::write_all(&mut file, &bytes)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, series: &[Series]) -> Result<()>
@@ -222,7 +251,7 @@ mod tests {
     #[test]
     fn the_svg_holds_both_plots_with_a_line_per_series() {
         let path = scratch("p.svg");
-        write(&path, &two_series()).unwrap();
+        write(&path, false, &two_series()).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
         assert!(text.starts_with("<svg"), "{}", &text[..100.min(text.len())]);
@@ -238,13 +267,13 @@ mod tests {
         // Two series in each plot (plus two legend strokes each).
         let lines = text.matches("<polyline").count();
         assert!(lines >= 4, "{lines} polylines");
-        assert!(write(&std::env::temp_dir().join("x.svg"), &[]).is_err());
+        assert!(write(&std::env::temp_dir().join("x.svg"), false, &[]).is_err());
     }
 
     #[test]
     fn the_png_is_a_1000_by_800_picture_with_each_series_colour() {
         let path = scratch("p.png");
-        write(&path, &two_series()).unwrap();
+        write(&path, false, &two_series()).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         let mut reader = png::Decoder::new(std::io::BufReader::new(file))
             .read_info()
@@ -266,7 +295,7 @@ mod tests {
 
     #[test]
     fn other_extensions_are_refused_with_the_file_name() {
-        let err = write(Path::new("/tmp/out.jpg"), &two_series()).unwrap_err();
+        let err = write(Path::new("/tmp/out.jpg"), false, &two_series()).unwrap_err();
         assert!(format!("{err:#}").contains("/tmp/out.jpg"), "{err:#}");
         assert!(!Path::new("/tmp/out.jpg").exists());
     }
