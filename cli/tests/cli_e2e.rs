@@ -11,6 +11,8 @@ use std::{
     time::Duration,
 };
 
+use std::os::unix::process::ExitStatusExt as _;
+
 use serde_json::Value;
 use support::*;
 
@@ -249,6 +251,41 @@ fn no_btf_and_missing_privileges_get_a_message_and_a_non_zero_exit() {
         "x",
     ]));
     assert_fails(&out, 1, "needs root (missing CAP_BPF and CAP_PERFMON)");
+    assert!(loaded_stackprobe_programs().is_empty());
+}
+
+#[test]
+fn after_sigkill_the_kernel_frees_every_probe_and_a_closed_stdout_ends_cleanly() {
+    let _lock = probe_lock();
+    require_root();
+    let mut sp = Running::start(&["watch", "--pid", "1", "--no-tui", "--json"]);
+    sp.wait_stderr("probes attached");
+    assert_eq!(loaded_stackprobe_programs().len(), PROGRAM_NAMES.len());
+    sp.signal(libc::SIGKILL);
+    let (status, _, _) = sp.finish();
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    // Nothing is pinned: the kernel frees the programs with the last fd,
+    // which it releases asynchronously; allow it a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !loaded_stackprobe_programs().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "programs outlived SIGKILL"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    // `stackprobe watch … | head -1`: the reader goes away after one line.
+    let mut sp = Running::start(&["watch", "--pid", "1", "--no-tui", "--interval", "100ms"]);
+    sp.wait_stderr("probes attached");
+    let mut first = String::new();
+    BufReader::new(sp.child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("=== interval"), "{first}");
+    // The pipe is closed now (its only reader dropped); the next report ends the run.
+    let status = sp.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(loaded_stackprobe_programs().is_empty());
 }
 
