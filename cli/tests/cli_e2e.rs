@@ -63,12 +63,9 @@ impl Running {
 
     fn finish(mut self) -> (std::process::ExitStatus, String, String) {
         let mut stdout = String::new();
-        self.child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut stdout)
-            .unwrap();
+        if let Some(mut out) = self.child.stdout.take() {
+            out.read_to_string(&mut stdout).unwrap();
+        }
         self.stderr.read_to_string(&mut self.seen).unwrap();
         let status = self.child.wait().unwrap();
         (status, stdout, self.seen)
@@ -287,6 +284,101 @@ fn after_sigkill_the_kernel_frees_every_probe_and_a_closed_stdout_ends_cleanly()
     let status = sp.child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(loaded_stackprobe_programs().is_empty());
+}
+
+/// A tmpfs of `kib` KiB mounted on a fresh directory, unmounted on drop.
+struct SmallDisk(TempDir);
+
+impl SmallDisk {
+    fn mount(kib: u32) -> Self {
+        let dir = TempDir::new("small-disk");
+        let out = run(Command::new("mount").args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={kib}k"),
+            "tmpfs",
+            dir.0.to_str().unwrap(),
+        ]));
+        assert!(out.status.success(), "mount: {out:?}");
+        SmallDisk(dir)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = run(Command::new("umount").arg(&self.0.0));
+    }
+}
+
+#[test]
+fn a_full_disk_is_reported_once_and_the_recording_stays_readable() {
+    let _lock = probe_lock();
+    require_root();
+    let disk = SmallDisk::mount(8);
+    let file = disk.0.0.join("run.hlog");
+    let mut server = Server::start(None);
+    let pid = server.pid.to_string();
+    // stdout to /dev/null: nobody reads the reports, and a full pipe would
+    // stall the run.
+    let mut child = Command::new(STACKPROBE)
+        .args([
+            "watch",
+            "--pid",
+            &pid,
+            "--no-tui",
+            "--interval",
+            "100ms",
+            "--record",
+        ])
+        .arg(&file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sp = Running {
+        stderr: BufReader::new(child.stderr.take().unwrap()),
+        child,
+        seen: String::new(),
+    };
+    sp.wait_stderr("probes attached");
+    // Accepts in every interval (~190 bytes of recording each) until the
+    // 8 KiB are nearly full, bounded in rounds.
+    let mut full = false;
+    for _ in 0..300 {
+        server.accept_queued(5, false, "accept4");
+        thread::sleep(Duration::from_millis(30));
+        if std::fs::metadata(&file).map_or(0, |m| m.len()) > 6 * 1024 {
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "the recording never approached the disk's size");
+    for _ in 0..30 {
+        server.accept_queued(5, false, "accept4");
+        thread::sleep(Duration::from_millis(100));
+    }
+    sp.signal(libc::SIGINT);
+    let (status, _, stderr) = sp.finish();
+    // Warned once when it happened; the run goes on, prints its summary, and
+    // exits 1 because its recording is incomplete.
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let warnings = stderr.matches("warning: writing the recording").count();
+    assert_eq!(warnings, 1, "the full disk is reported once:\n{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(
+        stderr.contains("the recording keeps what was written before"),
+        "{stderr}"
+    );
+    // What was written before the disk filled reads back whole.
+    let report = run(Command::new(STACKPROBE).args(["report", file.to_str().unwrap()]));
+    assert!(report.status.success(), "{report:?}");
+    assert!(
+        String::from_utf8_lossy(&report.stdout).contains("· accept"),
+        "{report:?}"
+    );
+    server.stop();
 }
 
 #[test]

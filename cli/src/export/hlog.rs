@@ -6,7 +6,7 @@
 
 use std::{
     fs::File,
-    io::{BufWriter, Cursor, Write},
+    io::{Cursor, Write},
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
     time::{Duration, SystemTime},
@@ -124,14 +124,17 @@ impl Drop for Recorder {
     }
 }
 
-fn write_all(file: File, rx: mpsc::Receiver<Interval>) -> Result<()> {
-    let mut out = BufWriter::new(file);
+fn write_all(mut file: File, rx: mpsc::Receiver<Interval>) -> Result<()> {
     let mut serializer = V2DeflateSerializer::new();
-    let mut log = IntervalLogWriterBuilder::new()
+    let mut buf = Vec::new();
+    let mut written = 0;
+    IntervalLogWriterBuilder::new()
         .add_comment("stackprobe recording: tags are role=ROLE;metric=METRIC (percent-encoded), values in ns")
         .with_start_time(SystemTime::now())
-        .begin_log_with(&mut out, &mut serializer)?;
+        .begin_log_with(&mut buf, &mut serializer)?;
+    append(&mut file, &mut buf, &mut written)?;
     for interval in rx {
+        let mut log = IntervalLogWriterBuilder::new().begin_log_with(&mut buf, &mut serializer)?;
         for (role, metric, hist) in &interval.histograms {
             let tag = tag(role, metric);
             let tag = Tag::new(&tag)
@@ -140,11 +143,21 @@ fn write_all(file: File, rx: mpsc::Receiver<Interval>) -> Result<()> {
                 .map_err(|e| anyhow!("{e:?}"))?;
         }
         drop(log);
-        out.flush()?;
-        log = IntervalLogWriterBuilder::new().begin_log_with(&mut out, &mut serializer)?;
+        append(&mut file, &mut buf, &mut written)?;
     }
-    drop(log);
-    out.flush()?;
+    Ok(())
+}
+
+/// Appends a whole interval or nothing: when a write fails (a full disk),
+/// the file is cut back to the last complete interval, so what was written
+/// stays readable.
+fn append(file: &mut File, buf: &mut Vec<u8>, written: &mut u64) -> Result<()> {
+    if let Err(e) = file.write_all(buf) {
+        let _ = file.set_len(*written);
+        return Err(e.into());
+    }
+    *written += buf.len() as u64;
+    buf.clear();
     Ok(())
 }
 
