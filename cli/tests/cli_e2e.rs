@@ -614,6 +614,21 @@ fn the_dashboard_runs_in_a_real_terminal_reacts_to_keys_and_quits_cleanly() {
     wait_screen(&session, "the help", |s| {
         s.contains("reset histograms and counters")
     });
+    tmux(&["send-keys", "-t", &session, "Escape"]);
+    // A 20×5 terminal: the dashboard keeps drawing what fits, and comes back
+    // whole when the terminal grows again.
+    tmux(&["resize-window", "-t", &session, "-x", "20", "-y", "5"]);
+    thread::sleep(Duration::from_millis(1500));
+    let tiny = tmux(&["capture-pane", "-p", "-t", &session]);
+    assert!(
+        !tiny.contains("EXIT=") && !tiny.contains("panicked"),
+        "{tiny}"
+    );
+    assert!(tiny.lines().all(|l| l.chars().count() <= 20), "{tiny}");
+    tmux(&["resize-window", "-t", &session, "-x", "100", "-y", "30"]);
+    wait_screen(&session, "the header after growing again", |s| {
+        s.contains("ROLE") && s.contains("q quit")
+    });
     tmux(&["send-keys", "-t", &session, "q"]);
     // Quitting restores the normal screen (the alternate one is gone) and exits 0.
     let after = wait_screen(&session, "the exit", |s| s.contains("EXIT="));
