@@ -535,30 +535,6 @@ fn json_mode_reports_the_servers_time_wait_sockets_and_listener() {
     server.stop();
 }
 
-/// Runs a tmux command and returns its output.
-fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux")
-        .args(args)
-        .output()
-        .expect("running tmux");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn wait_screen(session: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let screen = tmux(&["capture-pane", "-p", "-t", session]);
-        if ok(&screen) {
-            return screen;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the dashboard never showed {what}:\n{screen}"
-        );
-        thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn the_dashboard_runs_in_a_real_terminal_reacts_to_keys_and_quits_cleanly() {
     let _lock = probe_lock();
@@ -569,25 +545,7 @@ fn the_dashboard_runs_in_a_real_terminal_reacts_to_keys_and_quits_cleanly() {
         "{STACKPROBE} watch --pid {} --interval 3s; echo EXIT=$?; sleep 30",
         server.pid
     );
-    let _ = tmux(&["kill-session", "-t", &session]);
-    assert!(
-        Command::new("tmux")
-            .args([
-                "new-session",
-                "-d",
-                "-s",
-                &session,
-                "-x",
-                "100",
-                "-y",
-                "30",
-                &command
-            ])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let kill = TmuxSession(session.clone());
+    let kill = TmuxSession::start(&session, 100, 30, &command);
     wait_screen(&session, "its header", |s| {
         s.contains("ROLE") && s.contains("q quit")
     });
@@ -640,17 +598,6 @@ fn the_dashboard_runs_in_a_real_terminal_reacts_to_keys_and_quits_cleanly() {
     assert!(loaded_stackprobe_programs().is_empty());
     drop(kill);
     server.stop();
-}
-
-/// Kills the tmux session on drop, whatever happened.
-struct TmuxSession(String);
-
-impl Drop for TmuxSession {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["kill-session", "-t", &self.0])
-            .output();
-    }
 }
 
 #[test]
@@ -710,29 +657,23 @@ fn a_recording_reads_back_with_the_runs_exact_counts() {
         "{text:?}"
     );
 
-    let svg = dir.0.join("run.svg");
-    let plotted = run(Command::new(STACKPROBE).args([
-        "report",
-        file.to_str().unwrap(),
-        "--plot",
-        svg.to_str().unwrap(),
-    ]));
-    assert!(plotted.status.success(), "{plotted:?}");
-    let svg = std::fs::read_to_string(&svg).unwrap();
+    for name in ["run.svg", "run.png"] {
+        let path = dir.0.join(name);
+        let plotted = run(Command::new(STACKPROBE).args([
+            "report",
+            file.to_str().unwrap(),
+            "--plot",
+            path.to_str().unwrap(),
+        ]));
+        assert!(plotted.status.success(), "{plotted:?}");
+    }
+    let svg = std::fs::read_to_string(dir.0.join("run.svg")).unwrap();
     assert!(
         svg.starts_with("<svg") && svg.contains("stackprobe-loop · accept"),
         "{}",
         &svg[..200.min(svg.len())]
     );
-    let png = dir.0.join("run.png");
-    let plotted = run(Command::new(STACKPROBE).args([
-        "report",
-        file.to_str().unwrap(),
-        "--plot",
-        png.to_str().unwrap(),
-    ]));
-    assert!(plotted.status.success(), "{plotted:?}");
-    let png = std::fs::read(&png).unwrap();
+    let png = std::fs::read(dir.0.join("run.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
 
     // A recording cut short (other bad files: tests/bad_input.rs).

@@ -184,36 +184,6 @@ fn the_probes_count_exactly_the_connections_of_the_demos_load() {
     );
 }
 
-/// Runs a tmux command and returns its output.
-fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux")
-        .args(args)
-        .output()
-        .expect("running tmux");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Kills the tmux session on drop, whatever happened.
-struct TmuxSession(String);
-
-impl Drop for TmuxSession {
-    fn drop(&mut self) {
-        let _ = tmux(&["kill-session", "-t", &self.0]);
-    }
-}
-
-fn wait_screen(session: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let screen = tmux(&["capture-pane", "-p", "-J", "-t", session]);
-        if ok(&screen) {
-            return screen;
-        }
-        assert!(Instant::now() < deadline, "never saw {what}:\n{screen}");
-        thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// The newcomer's view: on a terminal, the dashboard shows both servers and
 /// says what the forking one costs, then the demo ends by itself.
 #[test]
@@ -222,25 +192,7 @@ fn on_a_terminal_the_dashboard_shows_both_servers_and_the_fork_insight() {
     require_root();
     let session = format!("stackprobe-demo-test-{}", std::process::id());
     let command = format!("{STACKPROBE} demo --duration 5s; echo EXIT=$?; sleep 30");
-    let _ = tmux(&["kill-session", "-t", &session]);
-    assert!(
-        Command::new("tmux")
-            .args([
-                "new-session",
-                "-d",
-                "-s",
-                &session,
-                "-x",
-                "120",
-                "-y",
-                "32",
-                &command
-            ])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let _kill = TmuxSession(session.clone());
+    let _kill = TmuxSession::start(&session, 120, 32, &command);
     let screen = wait_screen(&session, "both servers and the insight", |s| {
         s.contains("demo-pooled")
             && s.contains("demo-forking master")

@@ -295,3 +295,51 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
         .map(|p| p.id())
         .collect()
 }
+
+/// Runs a tmux command and returns its output.
+pub fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux")
+        .args(args)
+        .output()
+        .expect("running tmux");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A detached tmux session running `command` in a `width`×`height` terminal;
+/// killed on drop, whatever happened.
+pub struct TmuxSession(pub String);
+
+impl TmuxSession {
+    pub fn start(name: &str, width: u16, height: u16, command: &str) -> Self {
+        let _ = tmux(&["kill-session", "-t", name]);
+        let started = Command::new("tmux")
+            .args(["new-session", "-d", "-s", name, "-x", &width.to_string()])
+            .args(["-y", &height.to_string(), command])
+            .status()
+            .expect("running tmux");
+        assert!(started.success(), "tmux new-session failed");
+        Self(name.to_string())
+    }
+}
+
+impl Drop for TmuxSession {
+    fn drop(&mut self) {
+        let _ = tmux(&["kill-session", "-t", &self.0]);
+    }
+}
+
+/// Captures the session's screen until `ok` accepts it (15 s at most).
+pub fn wait_screen(session: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let screen = tmux(&["capture-pane", "-p", "-J", "-t", session]);
+        if ok(&screen) {
+            return screen;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the screen never showed {what}:\n{screen}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
