@@ -49,6 +49,14 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub rate: u32,
 
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// How `watch` (and `demo`) report: every interval, as the dashboard, text
+/// or JSON.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct Output {
     /// Report every interval.
     #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
     pub interval: Duration,
@@ -150,18 +158,8 @@ pub struct WatchArgs {
     #[arg(long, value_parser = parse_run_duration)]
     pub duration: Option<Duration>,
 
-    /// Report every interval.
-    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
-    pub interval: Duration,
-
-    /// Print one JSON object per report instead of text.
-    #[arg(long)]
-    pub json: bool,
-
-    /// Plain text reports even on a terminal (the default when stdout is
-    /// not a terminal); without it a terminal gets the live dashboard.
-    #[arg(long)]
-    pub no_tui: bool,
+    #[command(flatten)]
+    pub output: Output,
 
     /// Serve Prometheus / OpenMetrics metrics at http://ADDR/metrics (e.g.
     /// 127.0.0.1:9464; port 0 picks a free one).
@@ -243,8 +241,8 @@ mod tests {
         assert_eq!(w.names, ["nginx", "postgres"]);
         assert_eq!(w.pids, [42]);
         assert_eq!(w.duration, Some(Duration::from_secs(10)));
-        assert_eq!(w.interval, Duration::from_millis(500));
-        assert!(w.json);
+        assert_eq!(w.output.interval, Duration::from_millis(500));
+        assert!(w.output.json);
     }
 
     #[test]
@@ -282,8 +280,8 @@ mod tests {
             panic!("parsed as another command");
         };
         assert_eq!(d.duration, Duration::from_secs(20));
-        assert_eq!((d.rate, d.interval), (50, Duration::from_secs(1)));
-        assert!(!d.json && !d.no_tui);
+        assert_eq!((d.rate, d.output.interval), (50, Duration::from_secs(1)));
+        assert!(!d.output.json && !d.output.no_tui);
         let Command::Demo(d) = Cli::try_parse_from([
             "stackprobe",
             "demo",
@@ -300,7 +298,7 @@ mod tests {
             panic!("parsed as another command");
         };
         assert_eq!((d.duration, d.rate), (Duration::from_secs(4), 100));
-        assert!(d.json && d.no_tui);
+        assert!(d.output.json && d.output.no_tui);
         for bad in [
             ["--rate", "0"],
             ["--rate", "1001"],

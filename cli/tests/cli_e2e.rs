@@ -215,6 +215,19 @@ fn run(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null()).output().unwrap()
 }
 
+/// Runs stackprobe as nobody, with no capabilities.
+fn as_nobody(args: &[&str]) -> Output {
+    run(Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(STACKPROBE)
+        .args(args))
+}
+
 fn assert_fails(out: &Output, code: i32, message: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(code), "stderr:\n{stderr}");
@@ -238,15 +251,7 @@ fn no_btf_and_missing_privileges_get_a_message_and_a_non_zero_exit() {
         "this kernel exposes no BTF",
     );
     // Not root: drop to nobody with no capabilities.
-    let out = run(Command::new("setpriv").args([
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-        STACKPROBE,
-        "watch",
-        "x",
-    ]));
+    let out = as_nobody(&["watch", "x"]);
     assert_fails(&out, 1, "needs root (missing CAP_BPF and CAP_PERFMON)");
     assert!(loaded_stackprobe_programs().is_empty());
 }
@@ -412,14 +417,7 @@ fn doctor_tries_every_hook_and_names_what_fails_in_watchs_words() {
     assert!(stdout.contains("hooks watch uses on this kernel:"));
     assert!(loaded_stackprobe_programs().is_empty());
 
-    let out = run(Command::new("setpriv").args([
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-        STACKPROBE,
-        "doctor",
-    ]));
+    let out = as_nobody(&["doctor"]);
     assert_fails(&out, 1, "fix the FAIL lines above");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -55,7 +55,7 @@ const SERVER_GRACE: Duration = Duration::from_secs(60);
 pub fn run(args: DemoArgs) -> Result<()> {
     // Without privileges, watch would refuse only after the servers started.
     preflight::check_privileges()?;
-    let (load_for, settle) = split(args.duration, args.interval);
+    let (load_for, settle) = split(args.duration, args.output.interval);
     let max_seconds = u32::try_from((args.duration + SERVER_GRACE).as_secs()).unwrap_or(u32::MAX);
     // Started while stackprobe has a single thread, which is also the one
     // their parent-death signal is tied to: the main thread, which lives as
@@ -109,9 +109,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             names: Vec::new(),
             pids: vec![forking.pid, pooled.pid],
             duration: None,
-            interval: args.interval,
-            json: args.json,
-            no_tui: args.no_tui,
+            output: args.output,
             listen: None,
             record: None,
             force: false,
@@ -499,7 +497,7 @@ mod tests {
         let crate::cli::Command::Demo(args) = cli.command else {
             panic!("parsed as another command");
         };
-        let per_interval = f64::from(args.rate) * args.interval.as_secs_f64();
+        let per_interval = f64::from(args.rate) * args.output.interval.as_secs_f64();
         assert!(per_interval >= 2.0 * MIN_ACCEPTS as f64, "{per_interval}");
     }
 

@@ -111,7 +111,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
-    let mut ui = if !args.json && !args.no_tui && io::stdout().is_terminal() {
+    let mut ui = if !args.output.json && !args.output.no_tui && io::stdout().is_terminal() {
         Some(DashboardUi::start()?)
     } else {
         None
@@ -140,8 +140,8 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     let mut drain_tick = time::interval(DRAIN_PERIOD);
     drain_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut report_tick = time::interval_at(
-        time::Instant::from_std(start + args.interval),
-        args.interval,
+        time::Instant::from_std(start + args.output.interval),
+        args.output.interval,
     );
     report_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_report = start;
@@ -211,7 +211,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
                     Some(dash) => {
                         let status = Status {
                             elapsed_s: (now - start).as_secs_f64(),
-                            interval_s: args.interval.as_secs_f64(),
+                            interval_s: args.output.interval.as_secs_f64(),
                             events_per_s: report.events.count as f64 / period.as_secs_f64(),
                             drops: report.drops,
                             ns_per_event: own.ns_per_run(&probes),
@@ -220,7 +220,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
                         dash.update(report, status);
                     }
                     None => {
-                        if !emit(&mut out, &report, args.json)? {
+                        if !emit(&mut out, &report, args.output.json)? {
                             return Ok(());
                         }
                     }
@@ -252,7 +252,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
         args.probe_cost,
         received,
     )?;
-    emit(&mut out, &summary, args.json)?;
+    emit(&mut out, &summary, args.output.json)?;
     if let Some(recorder) = recorder {
         let path = recorder.finish()?;
         eprintln!("stackprobe: recorded {}", path.display());
