@@ -5,9 +5,6 @@
 
 use std::{
     fmt::Write as _,
-    io::{BufRead as _, BufReader, Write as _},
-    path::Path,
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -15,67 +12,33 @@ use anyhow::{Context as _, Result, ensure};
 
 use super::{
     Scale,
+    loopback::Loopback,
     tracer::{Tracer, summary},
 };
-use crate::tasks;
 
 /// A loopback process that creates threads on command.
-struct Generator {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
+struct Generator(Loopback);
 
 impl Generator {
-    fn start(bin: &Path) -> Result<Self> {
-        let mut child = Command::new(bin.join("stackprobe-loopback"))
-            .args(["serve", "--tcp", "127.0.0.1:0", "--max-seconds", "300"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()?;
-        let stdin = child.stdin.take().expect("piped");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut line = String::new();
-        while line.trim() != "ready" {
-            line.clear();
-            ensure!(
-                stdout.read_line(&mut line)? > 0,
-                "the generator ended early"
-            );
-        }
-        Ok(Self {
-            child,
-            stdin,
-            stdout,
-        })
+    fn start() -> Result<Self> {
+        Ok(Self(Loopback::start(&["--max-seconds", "300"])?))
     }
 
     fn send(&mut self, n: u64, rate: Option<f64>) -> Result<()> {
-        match rate {
-            Some(rate) => writeln!(self.stdin, "threads {n} {rate}")?,
-            None => writeln!(self.stdin, "threads {n} 1e12")?,
-        }
-        Ok(())
+        // No rate: one far beyond what thread creation reaches.
+        self.0
+            .send(&format!("threads {n} {}", rate.unwrap_or(1e12)))
     }
 
     /// Waits for the reply to `send`: how long the threads took.
     fn done(&mut self) -> Result<Duration> {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line)?;
+        let line = self.0.line()?;
         let secs = line
-            .trim()
             .strip_prefix("threads ")
             .and_then(|l| l.split_once(" in "))
             .and_then(|(_, s)| s.strip_suffix('s')?.parse::<f64>().ok())
             .with_context(|| format!("generator said {line:?}"))?;
         Ok(Duration::from_secs_f64(secs))
-    }
-}
-
-impl Drop for Generator {
-    fn drop(&mut self) {
-        let _ = writeln!(self.stdin, "exit");
-        let _ = self.child.wait();
     }
 }
 
@@ -89,11 +52,11 @@ struct Step {
 }
 
 /// `n` threads per generator at `rate` each (None: as fast as they go).
-fn step(bin: &Path, generators: usize, n: u64, rate: Option<f64>) -> Result<Step> {
+fn step(generators: usize, n: u64, rate: Option<f64>) -> Result<Step> {
     let mut gens = (0..generators)
-        .map(|_| Generator::start(bin))
+        .map(|_| Generator::start())
         .collect::<Result<Vec<_>>>()?;
-    let pids: Vec<String> = gens.iter().map(|g| g.child.id().to_string()).collect();
+    let pids: Vec<String> = gens.iter().map(|g| g.0.pid.to_string()).collect();
     let mut args = vec!["watch", "--json", "--no-tui", "--interval", "1s"];
     for pid in &pids {
         args.extend(["--pid", pid.as_str()]);
@@ -143,10 +106,9 @@ fn step(bin: &Path, generators: usize, n: u64, rate: Option<f64>) -> Result<Step
 }
 
 pub fn run(scale: &Scale) -> Result<String> {
-    let bin = tasks::workspace_root().join("target/release");
     let seconds = scale.pick(1.0, 4.0);
     // Events per thread, from a calibration run.
-    let calibration = step(&bin, 1, 2000, None)?;
+    let calibration = step(1, 2000, None)?;
     let per_thread = calibration.events as f64 / 2000.0;
     let mut md = format!(
         "\n## 3. Lossless event rate and stackprobe's CPU\n\n\
@@ -177,7 +139,7 @@ pub fn run(scale: &Scale) -> Result<String> {
                 None,
             ),
         };
-        let s = step(&bin, generators, n.max(1000), rate)?;
+        let s = step(generators, n.max(1000), rate)?;
         eprintln!(
             "capacity {label}: {:.0} events/s, drops {}, cpu {:.1}%",
             s.events_per_s, s.drops, s.cpu_percent

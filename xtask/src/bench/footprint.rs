@@ -5,19 +5,19 @@
 
 use std::{
     fmt::Write as _,
-    io::{BufRead as _, BufReader, Write as _},
     process::{Command, Stdio},
     thread,
     time::Duration,
 };
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 
 use super::{
-    Scale, spread,
+    Scale,
+    loopback::{self, Loopback},
+    spread,
     tracer::{Tracer, map_bytes},
 };
-use crate::tasks;
 
 struct Sample {
     attach_ms: f64,
@@ -37,43 +37,10 @@ tracepoint:syscalls:sys_exit_clone /@c[tid]/ { @clone_ns = hist(nsecs - @c[tid])
 tracepoint:sock:inet_sock_set_state /args->protocol == 6/ { @states[args->oldstate, args->newstate] = count(); }
 tracepoint:sched:sched_process_exit /comm == "stackprobe-loop"/ { @exits = count(); }"#;
 
-/// A loopback server (pid, address).
-fn server() -> Result<(std::process::Child, String)> {
-    let bin = tasks::workspace_root().join("target/release/stackprobe-loopback");
-    let mut child = Command::new(&bin)
-        .args([
-            "serve",
-            "--tcp",
-            "127.0.0.1:0",
-            "--max-seconds",
-            "120",
-            "--backlog",
-            "4096",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-    let mut addr = String::new();
-    let mut line = String::new();
-    while line.trim() != "ready" {
-        line.clear();
-        ensure!(
-            stdout.read_line(&mut line)? > 0,
-            "the loopback server ended early"
-        );
-        if let Some(a) = line.trim().strip_prefix("tcp ") {
-            addr = a.to_string();
-        }
-    }
-    Ok((child, addr))
-}
-
 fn measure(tracer: Tracer, before_maps: u64, settle: Duration) -> Result<Sample> {
     thread::sleep(settle);
-    let (rss, _) = tracer.rss_kib()?;
+    let (rss, peak) = tracer.rss_kib()?;
     let maps = map_bytes()?.saturating_sub(before_maps);
-    let (_, peak) = tracer.rss_kib()?;
     let attach_ms = tracer.attach.as_secs_f64() * 1e3;
     let lines = tracer.stop()?;
     // Most processes watched at once, over the intervals.
@@ -103,8 +70,8 @@ pub fn run(scale: &Scale) -> Result<String> {
         let mut samples = Vec::new();
         for _ in 0..rounds {
             let maps_before = map_bytes()?;
-            let (mut server, addr) = server()?;
-            let pid = server.id().to_string();
+            let mut server = Loopback::start(&["--max-seconds", "120", "--backlog", "4096"])?;
+            let pid = server.pid.to_string();
             let tracer = if label.starts_with("bpftrace") {
                 Tracer::bpftrace(BPFTRACE)?
             } else {
@@ -121,13 +88,9 @@ pub fn run(scale: &Scale) -> Result<String> {
             if churn {
                 // 3000 connections at ~1000/s, children living 1 s: ~1000
                 // alive when measured.
-                writeln!(
-                    server.stdin.as_mut().expect("piped"),
-                    "serve-fork 3000 tcp 1000"
-                )?;
-                let bin = tasks::workspace_root().join("target/release/stackprobe-loopback");
-                let mut client = Command::new(bin)
-                    .args(["connect", "tcp", &addr, "3000"])
+                server.send("serve-fork 3000 tcp 1000")?;
+                let mut client = Command::new(loopback::bin())
+                    .args(["connect", "tcp", &server.addr, "3000"])
                     .stdout(Stdio::null())
                     .spawn()?;
                 samples.push(measure(tracer, maps_before, Duration::from_millis(2500))?);
@@ -135,9 +98,6 @@ pub fn run(scale: &Scale) -> Result<String> {
             } else {
                 samples.push(measure(tracer, maps_before, Duration::from_secs(2))?);
             }
-            drop(server.stdin.take());
-            let _ = server.kill();
-            let _ = server.wait();
         }
         rows.push((label, samples));
     }

@@ -12,6 +12,7 @@
 
 mod capacity;
 mod footprint;
+mod loopback;
 pub mod probe_cost;
 mod server;
 mod tracer;

@@ -8,16 +8,18 @@
 //! run and operations/s, and fails if stackprobe miscounted or dropped.
 
 use std::{
-    io::{BufRead, BufReader, Write},
-    path::Path,
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
     time::Instant,
 };
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use serde_json::Value;
 
-use super::BpfStats;
+use super::{
+    BpfStats,
+    loopback::{self, Loopback},
+};
 use crate::tasks;
 
 /// A loopback workload, the programs it exercises and bpftrace's equivalent.
@@ -115,12 +117,11 @@ pub struct ProbeCost {
 }
 
 pub fn run(w: &Workload, n: u64, rounds: u32) -> Result<ProbeCost> {
-    let bin = tasks::workspace_root().join("target/release");
     let (mut none, mut ours, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
-        none.push(baseline(w, &bin, n)?);
-        ours.push(stackprobe(w, &bin, n)?);
-        theirs.push(bpftrace(w, &bin, n)?);
+        none.push(baseline(w, n)?);
+        ours.push(stackprobe(w, n)?);
+        theirs.push(bpftrace(w, n)?);
         let show = |c: &Cost| {
             let ns: Vec<String> = c.ns_per_run.iter().map(|ns| format!("{ns:.0}")).collect();
             format!("ns/run [{}], {:.0} ops/s", ns.join(", "), c.ops_per_s)
@@ -187,69 +188,20 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-struct Server {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    pid: u32,
-    addr: String,
-}
-
-impl Server {
-    fn start(bin: &Path) -> Result<Self> {
-        let mut child = Command::new(bin.join("stackprobe-loopback"))
-            .args(["serve", "--tcp", "127.0.0.1:0", "--max-seconds", "600"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()?;
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut addr = String::new();
-        loop {
-            let mut line = String::new();
-            ensure!(
-                stdout.read_line(&mut line)? > 0,
-                "the loopback server ended early"
-            );
-            if let Some(a) = line.trim().strip_prefix("tcp ") {
-                addr = a.to_string();
-            }
-            if line.trim() == "ready" {
-                break;
-            }
-        }
-        let pid = child.id();
-        Ok(Self {
-            child,
-            stdin,
-            stdout,
-            pid,
-            addr,
-        })
-    }
-
-    /// Runs `n` of the workload's operations and returns how many per second.
-    fn load(&mut self, w: &Workload, bin: &Path, n: u64) -> Result<f64> {
-        let (command, reply) = (w.command)(n);
-        writeln!(self.stdin, "{command}")?;
-        let start = Instant::now();
-        tasks::run_cmd(
-            Command::new(bin.join("stackprobe-loopback"))
-                .args(["connect", "tcp", &self.addr, &n.to_string()])
-                .stdout(Stdio::null()),
-        )?;
-        let mut line = String::new();
-        self.stdout.read_line(&mut line)?;
-        ensure!(line.trim() == reply, "server said {line:?}");
-        Ok(n as f64 / start.elapsed().as_secs_f64())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = writeln!(self.stdin, "exit");
-        let _ = self.child.wait();
-    }
+/// Runs `n` of the workload's operations on `server` and returns how many
+/// per second.
+fn load(server: &mut Loopback, w: &Workload, n: u64) -> Result<f64> {
+    let (command, reply) = (w.command)(n);
+    server.send(&command)?;
+    let start = Instant::now();
+    tasks::run_cmd(
+        Command::new(loopback::bin())
+            .args(["connect", "tcp", &server.addr, &n.to_string()])
+            .stdout(Stdio::null()),
+    )?;
+    let line = server.line()?;
+    ensure!(line == reply, "server said {line:?}");
+    Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
 fn interrupt(child: &Child) {
@@ -272,17 +224,17 @@ fn wait_line(reader: &mut impl BufRead, needle: &str) -> Result<()> {
     }
 }
 
-fn baseline(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
-    let mut server = Server::start(bin)?;
+fn baseline(w: &Workload, n: u64) -> Result<Cost> {
+    let mut server = Loopback::start(&["--max-seconds", "600"])?;
     Ok(Cost {
-        ops_per_s: server.load(w, bin, n)?,
+        ops_per_s: load(&mut server, w, n)?,
         ..Cost::default()
     })
 }
 
-fn stackprobe(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
-    let mut server = Server::start(bin)?;
-    let mut sp = Command::new(bin.join("stackprobe"))
+fn stackprobe(w: &Workload, n: u64) -> Result<Cost> {
+    let mut server = Loopback::start(&["--max-seconds", "600"])?;
+    let mut sp = Command::new(tasks::workspace_root().join("target/release/stackprobe"))
         .args([
             "watch",
             "--pid",
@@ -299,7 +251,7 @@ fn stackprobe(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
         &mut BufReader::new(sp.stderr.take().unwrap()),
         "probes attached",
     )?;
-    let ops_per_s = server.load(w, bin, n)?;
+    let ops_per_s = load(&mut server, w, n)?;
     interrupt(&sp);
     let out = sp.wait_with_output()?;
     ensure!(out.status.success(), "stackprobe failed: {}", out.status);
@@ -329,8 +281,8 @@ fn stackprobe(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
     })
 }
 
-fn bpftrace(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
-    let mut server = Server::start(bin)?;
+fn bpftrace(w: &Workload, n: u64) -> Result<Cost> {
+    let mut server = Loopback::start(&["--max-seconds", "600"])?;
     let _stats = BpfStats::enable()?;
     let mut bt = Command::new("bpftrace")
         .args(["-e", &w.bpftrace.replace("PID", &server.pid.to_string())])
@@ -340,7 +292,7 @@ fn bpftrace(w: &Workload, bin: &Path, n: u64) -> Result<Cost> {
     wait_line(&mut BufReader::new(bt.stdout.take().unwrap()), "Attaching")?;
     // bpftrace prints "Attaching" just before it attaches.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let ops_per_s = server.load(w, bin, n)?;
+    let ops_per_s = load(&mut server, w, n)?;
     let progs: Value = serde_json::from_slice(
         &Command::new("bpftool")
             .args(["prog", "show", "--json"])
