@@ -24,10 +24,15 @@ struct Running {
 
 impl Running {
     fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(STACKPROBE)
-            .args(args)
+        let mut cmd = Command::new(STACKPROBE);
+        cmd.args(args).stdout(Stdio::piped());
+        Self::spawn(cmd)
+    }
+
+    /// Runs `cmd` (its stdout as the caller set it) reading its stderr.
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -326,27 +331,19 @@ fn a_full_disk_is_reported_once_and_the_recording_stays_readable() {
     let pid = server.pid.to_string();
     // stdout to /dev/null: nobody reads the reports, and a full pipe would
     // stall the run.
-    let mut child = Command::new(STACKPROBE)
-        .args([
-            "watch",
-            "--pid",
-            &pid,
-            "--no-tui",
-            "--interval",
-            "100ms",
-            "--record",
-        ])
-        .arg(&file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut sp = Running {
-        stderr: BufReader::new(child.stderr.take().unwrap()),
-        child,
-        seen: String::new(),
-    };
+    let mut cmd = Command::new(STACKPROBE);
+    cmd.args([
+        "watch",
+        "--pid",
+        &pid,
+        "--no-tui",
+        "--interval",
+        "100ms",
+        "--record",
+    ])
+    .arg(&file)
+    .stdout(Stdio::null());
+    let mut sp = Running::spawn(cmd);
     sp.wait_stderr("probes attached");
     // Accepts in every interval (~190 bytes of recording each) until the
     // 8 KiB are nearly full, bounded in rounds.

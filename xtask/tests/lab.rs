@@ -203,6 +203,14 @@ fn bpftrace_count(lines: &[String], map: &str) -> u64 {
         .map_or(0, |n| n.trim().parse().unwrap())
 }
 
+/// Connections postgres accepted and processes it forked, over the run.
+fn postgres_accepts_forks(s: &Value) -> (u64, u64) {
+    (
+        role_total(s, "postgres", "accept"),
+        role_total(s, "postgres", "fork"),
+    )
+}
+
 /// Sum of a metric's `total` over roles whose name starts with `prefix`.
 fn role_total(s: &Value, prefix: &str, metric: &str) -> u64 {
     roles(s, prefix)
@@ -296,10 +304,7 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     let ss_backend = ss_time_wait(18081);
     let ss_postgres = ss_time_wait(15432);
     let bpf = bpf.stop();
-    let (accepts, forks) = (
-        role_total(&s, "postgres", "accept"),
-        role_total(&s, "postgres", "fork"),
-    );
+    let (accepts, forks) = postgres_accepts_forks(&s);
     eprintln!(
         "new connection per request: {} requests ({}/s); postgres accepts {accepts}, forks {forks}; \
          bpftrace: accepts {}, forks {}",
@@ -380,10 +385,7 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     let run = load("persistent", true, 3);
     let s = summary(&probe.stop());
     let bpf = bpf.stop();
-    let (accepts, forks) = (
-        role_total(&s, "postgres", "accept"),
-        role_total(&s, "postgres", "fork"),
-    );
+    let (accepts, forks) = postgres_accepts_forks(&s);
     eprintln!(
         "persistent connections + keepalive: {} requests ({}/s); postgres accepts {accepts}, forks {forks}",
         run.requests, run.per_s
@@ -421,10 +423,7 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     let probe = watch();
     let run = load("unix", true, 2);
     let s = summary(&probe.stop());
-    let (accepts, forks) = (
-        role_total(&s, "postgres", "accept"),
-        role_total(&s, "postgres", "fork"),
-    );
+    let (accepts, forks) = postgres_accepts_forks(&s);
     eprintln!(
         "unix socket: {} requests ({}/s); postgres accepts {accepts}, forks {forks}",
         run.requests, run.per_s
