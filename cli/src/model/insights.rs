@@ -11,12 +11,8 @@ pub const MIN_ACCEPTS: u64 = 20;
 /// New TIME_WAIT sockets per second on one link worth a word.
 pub const MIN_TIME_WAIT_PER_S: f64 = 100.0;
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct Insight {
-    pub text: String,
-}
-
-pub fn insights(report: &Report) -> Vec<Insight> {
+/// One sentence per finding, with the fix.
+pub fn insights(report: &Report) -> Vec<String> {
     let mut out = Vec::new();
     for role in &report.roles {
         let accepts = role.accept.latency.count;
@@ -32,65 +28,51 @@ pub fn insights(report: &Report) -> Vec<Insight> {
             } else {
                 String::new()
             };
-            out.push(Insight {
-                text: format!(
+            out.push(format!(
                     "{} forks {:.2} processes per accepted connection ({:.0}/s){lifetime}: use persistent connections or a pooler",
                     role.role, ratio, role.fork.rate_per_s
-                ),
-            });
+                ));
         }
         if role.accept_queue.latency.count >= MIN_ACCEPTS
             && role.accept_queue.latency.p99_ns >= 10_000_000
         {
-            out.push(Insight {
-                text: format!(
-                    "{}: connections wait {} (p99) in the accept queue: its workers are saturated",
-                    role.role,
-                    duration(role.accept_queue.latency.p99_ns)
-                ),
-            });
+            out.push(format!(
+                "{}: connections wait {} (p99) in the accept queue: its workers are saturated",
+                role.role,
+                duration(role.accept_queue.latency.p99_ns)
+            ));
         }
     }
     if report.kind == ReportKind::Interval {
         for link in &report.tcp.links {
             if link.new_time_wait_per_s >= MIN_TIME_WAIT_PER_S {
-                out.push(Insight {
-                    text: format!(
-                        "{} {} leaves {:.0} TIME_WAIT/s ({} now): {}",
-                        link.owner.as_deref().unwrap_or("unknown"),
-                        link.link,
-                        link.new_time_wait_per_s,
-                        link.time_wait,
-                        if link.side == "active" {
-                            "enable keepalive / connection reuse towards it"
-                        } else {
-                            "clients close last: let them keep connections open (keepalive)"
-                        }
-                    ),
-                });
+                out.push(format!(
+                    "{} {} leaves {:.0} TIME_WAIT/s ({} now): {}",
+                    link.owner.as_deref().unwrap_or("unknown"),
+                    link.link,
+                    link.new_time_wait_per_s,
+                    link.time_wait,
+                    if link.side == "active" {
+                        "enable keepalive / connection reuse towards it"
+                    } else {
+                        "clients close last: let them keep connections open (keepalive)"
+                    }
+                ));
             }
         }
     }
     for l in &report.tcp.listeners {
         if l.max_backlog > 0 && l.backlog >= l.max_backlog {
-            out.push(Insight {
-                text: format!(
-                    "{} {}: accept queue full ({}/{}): connections are being dropped",
-                    l.process.as_deref().unwrap_or("?"),
-                    l.address,
-                    l.backlog,
-                    l.max_backlog
-                ),
-            });
+            out.push(format!(
+                "{} {}: accept queue full ({}/{}): connections are being dropped",
+                l.process.as_deref().unwrap_or("?"),
+                l.address,
+                l.backlog,
+                l.max_backlog
+            ));
         }
     }
-    out.extend(
-        report
-            .tcp
-            .warnings
-            .iter()
-            .map(|w| Insight { text: w.clone() }),
-    );
+    out.extend(report.tcp.warnings.iter().cloned());
     out
 }
 
@@ -126,7 +108,7 @@ mod tests {
         let found = insights(&forking(412));
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(
-            found[0].text,
+            found[0],
             "postgres postmaster forks 1.00 processes per accepted connection (412/s) and its children live 9.00ms: use persistent connections or a pooler"
         );
     }

@@ -332,7 +332,7 @@ impl Report {
             probe_cost: Vec::new(),
             insights: Vec::new(),
         };
-        report.insights = insights(&report).into_iter().map(|i| i.text).collect();
+        report.insights = insights(&report);
         report
     }
 }
