@@ -205,7 +205,7 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
 }
 
 #[test]
-fn a_full_ring_buffer_counts_every_lost_event() {
+fn accepts_the_full_ring_buffer_drops_are_still_counted_through_the_kernels_histograms() {
     let _lock = probe_lock();
     let dir = TempDir::new("ring");
     let path = dir.0.join("s.sock");
@@ -229,12 +229,30 @@ fn a_full_ring_buffer_counts_every_lost_event() {
 
     let received = s.collect() as u64;
     let drops = s.probes.drops().unwrap();
-    assert!(drops.ringbuf_full > 0, "the ring never filled: {drops:?}");
+    assert!(drops.lost.accept > 0, "the ring never filled: {drops:?}");
+    assert_eq!(received + drops.lost.accept, n, "{drops:?}");
     assert_eq!(
-        received + drops.ringbuf_full,
-        n,
-        "received {received}, dropped {drops:?}"
+        drops.lost.total(),
+        drops.lost.accept,
+        "only accepts: {drops:?}"
     );
-    assert_eq!(s.accepts(server.pid), received);
+    // Every lost accept was folded in the kernel and merged: the count is whole.
+    assert_eq!(drops.folded_accepts, drops.lost.accept, "{drops:?}");
+    assert_eq!(
+        (drops.overflow_full, drops.uncounted()),
+        (0, 0),
+        "{drops:?}"
+    );
+    assert_eq!(s.accepts(server.pid), n);
+    let accept = &s.table.get(server.pid).unwrap().activity.accept.total;
+    let summary = accept.summary();
+    assert_eq!(summary.folded, drops.lost.accept);
+    assert!(
+        summary.min_ns > 0 && summary.max_ns < 10_000_000_000,
+        "{summary:?}"
+    );
+    // Merging again adds nothing: each folded sample is merged once.
+    assert_eq!(s.collect(), 0);
+    assert_eq!(s.accepts(server.pid), n);
     server.stop();
 }

@@ -8,6 +8,7 @@ pub mod accept;
 pub mod event;
 pub mod fork;
 pub mod lifecycle;
+pub mod overflow;
 pub mod sock;
 pub mod stats;
 pub mod watch;

@@ -15,10 +15,11 @@ use probes_common::{
     DEFAULT_SLOTS,
     accept::{AcceptEvent, AcceptStart, QUEUE_WAIT_UNKNOWN},
     event::EventKind,
+    overflow::OverflowMetric,
     stats::Stat,
 };
 
-use crate::{events, slots, sock, watch::is_watched};
+use crate::{events, overflow, slots, sock, watch::is_watched};
 
 #[map]
 static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -109,16 +110,22 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     let queue_wait_ns = sock_of_fd(ret as u32)
         .and_then(sock::take_established)
         .map_or(QUEUE_WAIT_UNKNOWN, |at| now.saturating_sub(at));
-    let Some(mut entry) = events::reserve::<AcceptEvent>() else {
+    let tgid = (pid_tgid >> 32) as u32;
+    let latency_ns = now.saturating_sub(start_ns);
+    let Some(mut entry) = events::reserve::<AcceptEvent>(Stat::LostAccept) else {
+        overflow::fold(tgid, OverflowMetric::Accept, latency_ns);
+        if queue_wait_ns != QUEUE_WAIT_UNKNOWN {
+            overflow::fold(tgid, OverflowMetric::AcceptQueue, queue_wait_ns);
+        }
         return 0;
     };
     entry.write(AcceptEvent {
         kind: EventKind::Accept as u32,
-        tgid: (pid_tgid >> 32) as u32,
+        tgid,
         tid,
         conn_fd: ret as i32,
         start_ns,
-        latency_ns: now.saturating_sub(start_ns),
+        latency_ns,
         queue_wait_ns,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });

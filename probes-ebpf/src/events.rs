@@ -23,11 +23,12 @@ pub fn count(stat: Stat) {
     }
 }
 
-/// Reserves room for one event, counting a drop when the ring is full.
-pub fn reserve<T: 'static>() -> Option<RingBufEntry<T>> {
+/// Reserves room for one event, counting a drop under `lost` (the event's
+/// kind) when the ring is full.
+pub fn reserve<T: 'static>(lost: Stat) -> Option<RingBufEntry<T>> {
     let entry = EVENTS.reserve::<T>(0);
     if entry.is_none() {
-        count(Stat::RingbufFull);
+        count(lost);
     }
     entry
 }

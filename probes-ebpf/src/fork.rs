@@ -15,11 +15,12 @@ use aya_ebpf::{
 use probes_common::{
     DEFAULT_SLOTS,
     event::EventKind,
-    fork::{FORK_FLAGS, ForkEvent, ForkStart},
+    fork::{CLONE_THREAD, FORK_FLAGS, ForkEvent, ForkStart},
+    overflow::OverflowMetric,
     stats::Stat,
 };
 
-use crate::{events, slots, watch::is_watched};
+use crate::{events, overflow, slots, watch::is_watched};
 
 #[map]
 static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -103,18 +104,31 @@ pub fn clone_exit(ctx: TracePointContext) -> u32 {
     let Ok(ret) = (unsafe { ctx.read_at::<i64>(FORK_EXIT_RET_OFFSET.load() as usize) }) else {
         return 0;
     };
-    let Some(mut entry) = events::reserve::<ForkEvent>() else {
+    let tgid = (pid_tgid >> 32) as u32;
+    let latency_ns = now.saturating_sub(start_ns);
+    let Some(mut entry) = events::reserve::<ForkEvent>(Stat::LostFork) else {
+        // The same classification userspace makes of a ForkEvent.
+        let metric = if ret < 0 {
+            OverflowMetric::ForkFailed
+        } else if flags_known == 0 {
+            OverflowMetric::ForkUnknown
+        } else if flags & CLONE_THREAD != 0 {
+            OverflowMetric::Thread
+        } else {
+            OverflowMetric::Fork
+        };
+        overflow::fold(tgid, metric, latency_ns);
         return 0;
     };
     entry.write(ForkEvent {
         kind: EventKind::Fork as u32,
-        tgid: (pid_tgid >> 32) as u32,
+        tgid,
         tid,
         ret: ret as i32,
         flags,
         flags_known,
         _pad: 0,
-        latency_ns: now.saturating_sub(start_ns),
+        latency_ns,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     events::submit(entry);

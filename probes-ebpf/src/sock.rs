@@ -23,6 +23,7 @@ use probes_common::{
         TCP_NEW_SYN_RECV, TCP_SYN_RECV, TCP_TIME_WAIT, TRACKED_MAX_ENTRIES, TcpSocket,
         TcpStateEvent,
     },
+    stats::Stat,
 };
 
 use crate::{events, watch::is_watched};
@@ -241,7 +242,7 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         }
     }
 
-    let Some(mut entry) = events::reserve::<TcpStateEvent>() else {
+    let Some(mut entry) = events::reserve::<TcpStateEvent>(Stat::LostTcpState) else {
         return 0;
     };
     let family: u16 = field(&ctx, &TP_FAMILY);

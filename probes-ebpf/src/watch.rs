@@ -72,7 +72,7 @@ pub fn watch_fork(ctx: TracePointContext) -> u32 {
     // flags the clone probe saw tell a thread from a process, and this event
     // reaches the ring before anything the child does.
     let flags = fork::flags_in_flight(pid_tgid as u32);
-    let Some(mut entry) = events::reserve::<SpawnEvent>() else {
+    let Some(mut entry) = events::reserve::<SpawnEvent>(Stat::LostSpawn) else {
         return 0;
     };
     entry.write(SpawnEvent {
@@ -106,7 +106,7 @@ pub fn watch_exec(_ctx: TracePointContext) -> u32 {
         }
         watch(tgid, WatchReason::Exec);
     }
-    let Some(mut entry) = events::reserve::<ExecEvent>() else {
+    let Some(mut entry) = events::reserve::<ExecEvent>(Stat::LostExec) else {
         return 0;
     };
     entry.write(ExecEvent {
@@ -139,7 +139,7 @@ pub fn watch_exit(_ctx: TracePointContext) -> u32 {
     unsafe { *b = 0 };
     let tgid = (pid_tgid >> 32) as u32;
     if tid == tgid
-        && let Some(mut entry) = events::reserve::<ExitEvent>()
+        && let Some(mut entry) = events::reserve::<ExitEvent>(Stat::LostExit)
     {
         entry.write(ExitEvent {
             kind: EventKind::Exit as u32,

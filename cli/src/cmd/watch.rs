@@ -180,6 +180,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
             },
             _ = report_tick.tick() => {
                 received.add(events.drain(|e| apply(&mut table, e)) as u64);
+                probes.drain_overflow(|e| apply(&mut table, e))?;
                 let live = refresh_watch_set(&selector, &mut probes, &table)?;
                 table.sync_watched(&live);
                 observe_sockets(&mut probes, &mut table)?;
@@ -214,6 +215,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
                             interval_s: args.output.interval.as_secs_f64(),
                             events_per_s: report.events.count as f64 / period.as_secs_f64(),
                             drops: report.drops,
+                            uncounted: report.drops_by_cause.uncounted(),
                             ns_per_event: own.ns_per_run(&probes),
                             cpu_percent: own.cpu_percent(),
                         };
@@ -232,6 +234,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     drop(ui);
 
     received.add(events.drain(|e| apply(&mut table, e)) as u64);
+    probes.drain_overflow(|e| apply(&mut table, e))?;
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
     observe_sockets(&mut probes, &mut table)?;

@@ -46,6 +46,8 @@ pub struct Snapshot {
     processes: Vec<(String, u64)>,
     time_wait: Vec<(String, u64)>,
     drops: u64,
+    lost: [(&'static str, u64); 6],
+    uncounted: u64,
 }
 
 impl Snapshot {
@@ -93,6 +95,8 @@ impl Snapshot {
                 .collect(),
             time_wait: time_wait.into_iter().collect(),
             drops: report.drops,
+            lost: report.drops_by_cause.lost.by_kind(),
+            uncounted: report.drops_by_cause.uncounted(),
         }
     }
 }
@@ -146,6 +150,22 @@ impl Collector for Published {
             MetricType::Gauge,
         )?;
         ConstGauge::new(s.drops as i64).encode(drops)?;
+        let mut lost = encoder.encode_descriptor(
+            "stackprobe_ring_full_events",
+            "Events the full ring buffer could not take since the start, by kind (accept and fork samples are still counted: folded in the kernel)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (kind, n) in s.lost {
+            ConstGauge::new(n as i64).encode(lost.encode_family(&[("kind", kind)])?)?;
+        }
+        let uncounted = encoder.encode_descriptor(
+            "stackprobe_uncounted_events",
+            "Lost events whose numbers are missing from the metrics",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(s.uncounted as i64).encode(uncounted)?;
         Ok(())
     }
 }

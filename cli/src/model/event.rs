@@ -91,6 +91,31 @@ pub struct TcpStateSample {
     pub ts_ns: u64,
 }
 
+/// What the kernel folded samples of, when the ring buffer was full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FoldedMetric {
+    Accept,
+    AcceptQueue,
+    Fork,
+    Thread,
+    /// Clones whose kind was not seen: a count, no latency.
+    ForkUnknown,
+    /// Failed clones: a count, no latency.
+    ForkFailed,
+}
+
+/// `count` samples of `metric` for process `tgid` that the ring buffer could
+/// not take, which the kernel kept in a bucket whose midpoint is `value_ns`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoldedSamples {
+    pub tgid: u32,
+    /// The process's name, when it was still running to be asked.
+    pub comm: Option<String>,
+    pub metric: FoldedMetric,
+    pub value_ns: u64,
+    pub count: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Accept(AcceptSample),
@@ -99,4 +124,5 @@ pub enum Event {
     Exec(ExecSample),
     Exit(ExitSample),
     TcpState(TcpStateSample),
+    Folded(FoldedSamples),
 }

@@ -19,6 +19,9 @@ pub struct LatencyHistogram {
     min: u64,
     max: u64,
     sum: u128,
+    /// Samples the kernel folded into its overflow histograms (see
+    /// probes_common::overflow): recorded as their bucket's midpoint.
+    folded: u64,
 }
 
 /// The numbers a view shows for one distribution, all in nanoseconds.
@@ -32,6 +35,10 @@ pub struct Summary {
     pub p99_ns: u64,
     pub p999_ns: u64,
     pub max_ns: u64,
+    /// Of `count`, samples the ring buffer could not take, which the kernel
+    /// kept in log-linear buckets: each is known to within 1/16 of its
+    /// value, so min, max and percentiles are too when this is not 0.
+    pub folded: u64,
 }
 
 /// One row of a bpftrace-style power-of-two histogram: `[lo, hi)`.
@@ -55,6 +62,7 @@ impl LatencyHistogram {
             min: u64::MAX,
             max: 0,
             sum: 0,
+            folded: 0,
         }
     }
 
@@ -93,6 +101,8 @@ impl LatencyHistogram {
             min,
             max,
             sum,
+            // A recording keeps no note of which samples were folded.
+            folded: 0,
         }
     }
 
@@ -110,6 +120,19 @@ impl LatencyHistogram {
         self.min = self.min.min(ns);
         self.max = self.max.max(ns);
         self.sum += u128::from(ns);
+    }
+
+    /// Records `count` samples the kernel folded into a bucket whose
+    /// midpoint is `ns`.
+    pub fn record_folded(&mut self, ns: u64, count: u64) {
+        if count == 0 {
+            return;
+        }
+        self.hist_mut().saturating_record_n(ns, count);
+        self.min = self.min.min(ns);
+        self.max = self.max.max(ns);
+        self.sum += u128::from(ns) * u128::from(count);
+        self.folded += count;
     }
 
     pub fn count(&self) -> u64 {
@@ -131,6 +154,7 @@ impl LatencyHistogram {
         self.min = self.min.min(other.min);
         self.max = self.max.max(other.max);
         self.sum += other.sum;
+        self.folded += other.folded;
     }
 
     pub fn reset(&mut self) {
@@ -141,6 +165,7 @@ impl LatencyHistogram {
         self.min = u64::MAX;
         self.max = 0;
         self.sum = 0;
+        self.folded = 0;
     }
 
     /// The value at quantile `q` (0..=1), clamped to the exact min and max so a
@@ -166,6 +191,7 @@ impl LatencyHistogram {
             p99_ns: self.quantile(0.99),
             p999_ns: self.quantile(0.999),
             max_ns: self.max,
+            folded: self.folded,
         }
     }
 
@@ -230,6 +256,24 @@ mod tests {
         let h = LatencyHistogram::new();
         assert_eq!(h.summary(), Summary::default());
         assert!(h.log2_buckets().is_empty());
+    }
+
+    #[test]
+    fn folded_samples_count_as_many_as_they_are_and_say_so() {
+        let mut h = LatencyHistogram::new();
+        h.record(1_000);
+        h.record_folded(50_000, 99);
+        h.record_folded(7, 0);
+        let s = h.summary();
+        assert_eq!((s.count, s.folded), (100, 99));
+        assert_eq!((s.min_ns, s.max_ns), (1_000, 50_000));
+        assert_eq!(s.mean_ns, (1_000 + 99 * 50_000) / 100);
+        let mut sum = LatencyHistogram::new();
+        sum.add(&h);
+        sum.add(&h);
+        assert_eq!((sum.count(), sum.summary().folded), (200, 198));
+        h.reset();
+        assert_eq!(h.summary(), Summary::default());
     }
 
     #[test]

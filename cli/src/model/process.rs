@@ -10,7 +10,10 @@
 use std::collections::BTreeMap;
 
 use super::{
-    event::{AcceptSample, Event, ExecSample, ExitSample, ForkSample, SpawnSample, TaskKind},
+    event::{
+        AcceptSample, Event, ExecSample, ExitSample, FoldedMetric, FoldedSamples, ForkSample,
+        SpawnSample, TaskKind,
+    },
     histogram::LatencyHistogram,
     links::LinkTable,
     roles,
@@ -43,6 +46,11 @@ impl Metric {
     pub fn record(&mut self, ns: u64) {
         self.interval.record(ns);
         self.total.record(ns);
+    }
+
+    fn record_folded(&mut self, ns: u64, count: u64) {
+        self.interval.record_folded(ns, count);
+        self.total.record_folded(ns, count);
     }
 
     /// Samples since the start.
@@ -249,6 +257,7 @@ impl ProcessTable {
             Event::Spawn(s) => self.record_spawn(s),
             Event::Exec(s) => self.record_exec(s),
             Event::Exit(s) => self.record_exit(s),
+            Event::Folded(s) => self.record_folded(s),
             Event::TcpState(s) => {
                 if let Some(comm) = &s.comm {
                     self.entry(s.owner, comm);
@@ -289,6 +298,20 @@ impl ProcessTable {
             TaskKind::Process => a.fork.record(s.latency_ns),
             TaskKind::Thread => a.thread.record(s.latency_ns),
             TaskKind::Unknown => a.fork_unknown.bump(),
+        }
+    }
+
+    fn record_folded(&mut self, s: &FoldedSamples) {
+        let name = s.comm.clone().unwrap_or_else(|| format!("[{}]", s.tgid));
+        let a = &mut self.entry(s.tgid, &name).activity;
+        let (ns, n) = (s.value_ns, s.count);
+        match s.metric {
+            FoldedMetric::Accept => a.accept.record_folded(ns, n),
+            FoldedMetric::AcceptQueue => a.accept_queue.record_folded(ns, n),
+            FoldedMetric::Fork => a.fork.record_folded(ns, n),
+            FoldedMetric::Thread => a.thread.record_folded(ns, n),
+            FoldedMetric::ForkUnknown => a.fork_unknown.add(n),
+            FoldedMetric::ForkFailed => a.fork_failed.add(n),
         }
     }
 
@@ -532,6 +555,48 @@ mod tests {
         assert_eq!(t.get(10).unwrap().activity.accept.total.count(), 2);
         assert_eq!(t.get(11).unwrap().activity.accept.total.count(), 1);
         assert_eq!(t.get(10).unwrap().name, "srv10");
+    }
+
+    #[test]
+    fn folded_samples_add_to_the_metric_their_kernel_bucket_names() {
+        let mut t = ProcessTable::default();
+        t.apply(&accept(10, 100));
+        let folded = |metric, count| {
+            Event::Folded(FoldedSamples {
+                tgid: 10,
+                comm: None,
+                metric,
+                value_ns: 2_000,
+                count,
+            })
+        };
+        for (metric, count) in [
+            (FoldedMetric::Accept, 5),
+            (FoldedMetric::AcceptQueue, 4),
+            (FoldedMetric::Fork, 3),
+            (FoldedMetric::Thread, 2),
+            (FoldedMetric::ForkUnknown, 6),
+            (FoldedMetric::ForkFailed, 7),
+        ] {
+            t.apply(&folded(metric, count));
+        }
+        // A process first heard of through folded samples gets a placeholder name.
+        t.apply(&Event::Folded(FoldedSamples {
+            tgid: 12,
+            ..match folded(FoldedMetric::Accept, 1) {
+                Event::Folded(f) => f,
+                _ => unreachable!(),
+            }
+        }));
+        let a = &t.get(10).unwrap().activity;
+        assert_eq!(a.accept.total.count(), 6);
+        assert_eq!(a.accept.interval.summary().folded, 5);
+        assert_eq!(a.accept_queue.total.count(), 4);
+        assert_eq!(a.fork.total.count(), 3);
+        assert_eq!(a.thread.total.count(), 2);
+        assert_eq!((a.fork_unknown.total, a.fork_failed.total), (6, 7));
+        assert_eq!(t.get(10).unwrap().name, "srv10");
+        assert_eq!(t.get(12).unwrap().name, "[12]");
     }
 
     #[test]

@@ -21,11 +21,50 @@ pub enum ReportKind {
     Summary,
 }
 
+/// Events the full ring buffer could not take, by kind, since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LostEvents {
+    pub accept: u64,
+    pub fork: u64,
+    /// Process births: their children's lifetimes are missing.
+    pub spawn: u64,
+    pub exec: u64,
+    /// Process exits: those processes fold two syncs late, lifetimes missing.
+    pub exit: u64,
+    /// TCP state changes: link counts are short by these.
+    pub tcp_state: u64,
+}
+
+impl LostEvents {
+    pub fn total(&self) -> u64 {
+        self.accept + self.fork + self.spawn + self.exec + self.exit + self.tcp_state
+    }
+
+    /// Each kind by the name views use.
+    pub fn by_kind(&self) -> [(&'static str, u64); 6] {
+        [
+            ("accept", self.accept),
+            ("fork", self.fork),
+            ("spawn", self.spawn),
+            ("exec", self.exec),
+            ("exit", self.exit),
+            ("tcp_state", self.tcp_state),
+        ]
+    }
+}
+
 /// Events the probes could not deliver, by cause, since the start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Drops {
     /// Lost because the ring buffer was full.
-    pub ringbuf_full: u64,
+    pub lost: LostEvents,
+    /// Of the lost accepts and forks, samples the kernel folded into its
+    /// overflow histograms and userspace merged: still counted, their
+    /// latency known to 1/16.
+    pub folded_accepts: u64,
+    pub folded_forks: u64,
+    /// Accept or fork samples neither sent nor folded (overflow map full).
+    pub overflow_full: u64,
     /// Accepts not timed because another watched thread's accept shared their slot.
     pub accept_slot_shared: u64,
     /// Processes not watched because their pid lies beyond the watch set.
@@ -35,11 +74,20 @@ pub struct Drops {
 }
 
 impl Drops {
+    /// Events that did not reach userspace, whatever the cause.
     pub fn total(&self) -> u64 {
-        self.ringbuf_full
+        self.lost.total()
             + self.accept_slot_shared
             + self.watch_out_of_range
             + self.fork_slot_shared
+    }
+
+    /// Lost events whose numbers are missing from the report: all but the
+    /// accepts and forks folded in the kernel.
+    pub fn uncounted(&self) -> u64 {
+        self.total()
+            - self.folded_accepts.min(self.lost.accept)
+            - self.folded_forks.min(self.lost.fork)
     }
 }
 
@@ -63,7 +111,7 @@ impl ProgramCost {
 
 /// The `--json` schema: bumped when a field changes meaning or goes away
 /// (new fields may appear without a bump).
-pub const SCHEMA: &str = "stackprobe.watch/1";
+pub const SCHEMA: &str = "stackprobe.watch/2";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -504,10 +552,12 @@ mod tests {
         t.reset_interval();
         t.apply(&accept(2, "busy", 500));
         let drops = Drops {
-            ringbuf_full: 2,
+            lost: LostEvents {
+                exit: 2,
+                ..LostEvents::default()
+            },
             accept_slot_shared: 1,
-            watch_out_of_range: 0,
-            fork_slot_shared: 0,
+            ..Drops::default()
         };
         let r = Report::build(
             ReportKind::Interval,
@@ -683,7 +733,7 @@ mod tests {
             Drops::default(),
         );
         let v = serde_json::to_value(&r).unwrap();
-        assert_eq!(v["schema"], "stackprobe.watch/1");
+        assert_eq!(v["schema"], "stackprobe.watch/2");
         assert_eq!(v["type"], "summary");
         assert_eq!(v["drops"], 0);
         let p = &v["processes"][0];

@@ -20,10 +20,14 @@ use probes_common::{
 };
 
 use super::{
-    accept, btf::KernelBtf, fork, preflight, sock, tracefs::Tracefs, watch, watch::WatchSet,
+    accept, btf::KernelBtf, fork, overflow::Overflow, preflight, sock, tracefs::Tracefs, watch,
+    watch::WatchSet,
 };
 use crate::{
-    model::report::{Drops, ProgramCost},
+    model::{
+        event::Event,
+        report::{Drops, LostEvents, ProgramCost},
+    },
     procfs,
 };
 
@@ -46,6 +50,7 @@ pub struct Probes {
     // Unmapped before the maps close.
     watch_set: WatchSet,
     ebpf: Ebpf,
+    overflow: Overflow,
     _stats: Option<OwnedFd>,
     // Dropped last: unmounts tracefs if stackprobe mounted it.
     _tracefs: Tracefs,
@@ -96,6 +101,7 @@ impl Probes {
         Ok(Self {
             watch_set,
             ebpf,
+            overflow: Overflow::default(),
             _stats: stats,
             _tracefs: tracefs,
         })
@@ -138,6 +144,12 @@ impl Probes {
         Ok(RingBuf::try_from(map)?)
     }
 
+    /// Hands `f` the samples the kernel folded because the ring buffer was
+    /// full, since the last call (see probes_common::overflow).
+    pub fn drain_overflow(&mut self, f: impl FnMut(Event)) -> Result<()> {
+        self.overflow.drain(&mut self.ebpf, f)
+    }
+
     pub fn drops(&self) -> Result<Drops> {
         let map = self
             .ebpf
@@ -146,7 +158,17 @@ impl Probes {
         let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(map)?;
         let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
         Ok(Drops {
-            ringbuf_full: read(Stat::RingbufFull)?,
+            lost: LostEvents {
+                accept: read(Stat::LostAccept)?,
+                fork: read(Stat::LostFork)?,
+                spawn: read(Stat::LostSpawn)?,
+                exec: read(Stat::LostExec)?,
+                exit: read(Stat::LostExit)?,
+                tcp_state: read(Stat::LostTcpState)?,
+            },
+            folded_accepts: self.overflow.folded_accepts,
+            folded_forks: self.overflow.folded_forks,
+            overflow_full: read(Stat::OverflowFull)?,
             accept_slot_shared: read(Stat::AcceptSlotShared)?,
             watch_out_of_range: read(Stat::WatchOutOfRange)?,
             fork_slot_shared: read(Stat::ForkSlotShared)?,

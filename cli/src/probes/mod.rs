@@ -8,6 +8,7 @@ pub mod events;
 pub mod fork;
 pub mod hooks;
 pub mod loader;
+pub mod overflow;
 pub mod preflight;
 pub mod sock;
 pub mod tracefs;

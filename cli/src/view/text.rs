@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use crate::model::{
     histogram::{Log2Bucket, Summary, duration},
-    report::{Report, ReportKind, RoleRow, TcpReport},
+    report::{Drops, Report, ReportKind, RoleRow, TcpReport},
 };
 
 const BAR_WIDTH: u64 = 40;
@@ -27,16 +27,7 @@ pub fn render(report: &Report) -> String {
         if report.watched == 1 { "" } else { "es" },
     );
     if report.drops > 0 {
-        let d = report.drops_by_cause;
-        let _ = write!(
-            out,
-            " · DROPS {} (ring buffer full {}, accept slot shared {}, pid beyond watch set {}, fork slot shared {})",
-            report.drops,
-            d.ringbuf_full,
-            d.accept_slot_shared,
-            d.watch_out_of_range,
-            d.fork_slot_shared
-        );
+        let _ = write!(out, " · {}", drops_line(&report.drops_by_cause));
     } else {
         out.push_str(" · drops 0");
     }
@@ -205,7 +196,7 @@ fn tcp_block(tcp: &TcpReport) -> String {
 }
 
 fn percentile_line(s: &Summary) -> String {
-    format!(
+    let mut line = format!(
         "min {}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  mean {}",
         duration(s.min_ns),
         duration(s.p50_ns),
@@ -214,6 +205,58 @@ fn percentile_line(s: &Summary) -> String {
         duration(s.p999_ns),
         duration(s.max_ns),
         duration(s.mean_ns),
+    );
+    if s.folded > 0 {
+        let _ = write!(
+            line,
+            "  ({} of {} folded in the kernel: values ±6%)",
+            s.folded, s.count
+        );
+    }
+    line
+}
+
+/// `DROPS N (…)`: every cause with a count, and for events lost to a full
+/// ring buffer, which ones are still counted (folded in the kernel) and
+/// which numbers are short.
+fn drops_line(d: &Drops) -> String {
+    let mut causes = Vec::new();
+    let lost: Vec<String> = d
+        .lost
+        .by_kind()
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(kind, n)| {
+            let folded = match kind {
+                "accept" => d.folded_accepts,
+                "fork" => d.folded_forks,
+                _ => 0,
+            };
+            if folded > 0 {
+                format!("{kind} {n}, {} still counted", folded.min(n))
+            } else {
+                format!("{kind} {n}")
+            }
+        })
+        .collect();
+    if !lost.is_empty() {
+        causes.push(format!("ring buffer full: {}", lost.join(", ")));
+    }
+    for (label, n) in [
+        ("overflow histograms full", d.overflow_full),
+        ("accept slot shared", d.accept_slot_shared),
+        ("pid beyond watch set", d.watch_out_of_range),
+        ("fork slot shared", d.fork_slot_shared),
+    ] {
+        if n > 0 {
+            causes.push(format!("{label} {n}"));
+        }
+    }
+    format!(
+        "DROPS {} ({}; {} not counted)",
+        d.total(),
+        causes.join("; "),
+        d.uncounted()
     )
 }
 
@@ -261,7 +304,7 @@ mod tests {
     use crate::model::{
         fixtures::{fork_per_connection, live},
         process::ProcessTable,
-        report::Drops,
+        report::LostEvents,
     };
 
     /// A postmaster (pid 42) that accepted 3 connections and forked a backend
@@ -335,15 +378,30 @@ mod tests {
     #[test]
     fn drops_are_shown_with_their_causes() {
         let text = render(&report(Drops {
-            ringbuf_full: 5,
+            lost: LostEvents {
+                accept: 5,
+                tcp_state: 4,
+                ..LostEvents::default()
+            },
+            folded_accepts: 5,
             accept_slot_shared: 1,
-            watch_out_of_range: 0,
             fork_slot_shared: 2,
+            ..Drops::default()
         }));
         assert!(
-            text.contains("DROPS 8 (ring buffer full 5, accept slot shared 1, pid beyond watch set 0, fork slot shared 2)"),
+            text.contains("DROPS 12 (ring buffer full: accept 5, 5 still counted, tcp_state 4; accept slot shared 1; fork slot shared 2; 7 not counted)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn folded_samples_are_flagged_on_their_percentiles() {
+        let s = Summary {
+            count: 10,
+            folded: 4,
+            ..Summary::default()
+        };
+        assert!(percentile_line(&s).ends_with("(4 of 10 folded in the kernel: values ±6%)"));
     }
 
     #[test]

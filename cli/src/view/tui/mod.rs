@@ -70,6 +70,9 @@ pub struct Status {
     pub interval_s: f64,
     pub events_per_s: f64,
     pub drops: u64,
+    /// Of `drops`, events whose numbers are missing (the rest were folded
+    /// into the kernel's overflow histograms and still count).
+    pub uncounted: u64,
     /// ns per BPF program run over the interval, when measured (--probe-cost).
     pub ns_per_event: Option<f64>,
     pub cpu_percent: f64,
@@ -336,11 +339,17 @@ fn render_status(frame: &mut Frame, area: Rect, d: &Dashboard) {
         "stackprobe +{:.0}s every {:.1}s {:.0} ev/s ",
         s.elapsed_s, s.interval_s, s.events_per_s
     )));
-    let drops = format!("drops {}", s.drops);
-    spans.push(if s.drops > 0 {
-        Span::styled(drops, d.style(Color::Red).add_modifier(Modifier::BOLD))
-    } else {
-        Span::raw(drops)
+    spans.push(match (s.drops, s.uncounted) {
+        (0, _) => Span::raw("drops 0"),
+        // Folded in the kernel: counted, with coarser latencies.
+        (drops, 0) => Span::styled(
+            format!("drops {drops} (all counted)"),
+            d.style(Color::Yellow).add_modifier(Modifier::BOLD),
+        ),
+        (drops, uncounted) => Span::styled(
+            format!("drops {drops} ({uncounted} uncounted)"),
+            d.style(Color::Red).add_modifier(Modifier::BOLD),
+        ),
     });
     spans.push(Span::raw(format!("  {cost}  cpu {:.1}%", s.cpu_percent)));
     if d.paused {
@@ -725,6 +734,7 @@ mod tests {
             interval_s: 1.0,
             events_per_s: 1648.0,
             drops: 0,
+            uncounted: 0,
             ns_per_event: None,
             cpu_percent: 1.5,
         }
