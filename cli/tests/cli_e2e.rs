@@ -6,91 +6,14 @@ mod support;
 use std::{
     io::{BufRead, BufReader, Read},
     os::unix::fs::symlink,
-    process::{Child, ChildStderr, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
     thread,
     time::Duration,
 };
 
 use std::os::unix::process::ExitStatusExt as _;
 
-use serde_json::Value;
 use support::*;
-
-struct Running {
-    child: Child,
-    stderr: BufReader<ChildStderr>,
-    seen: String,
-}
-
-impl Running {
-    fn start(args: &[&str]) -> Self {
-        let mut cmd = Command::new(STACKPROBE);
-        cmd.args(args).stdout(Stdio::piped());
-        Self::spawn(cmd)
-    }
-
-    /// Runs `cmd` (its stdout as the caller set it) reading its stderr.
-    fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        Self {
-            child,
-            stderr,
-            seen: String::new(),
-        }
-    }
-
-    /// Reads stderr until a line contains `needle`.
-    fn wait_stderr(&mut self, needle: &str) {
-        loop {
-            let mut line = String::new();
-            let n = self.stderr.read_line(&mut line).unwrap();
-            self.seen.push_str(&line);
-            assert!(
-                n > 0,
-                "stackprobe ended before saying {needle:?}; it said:\n{}",
-                self.seen
-            );
-            if line.contains(needle) {
-                return;
-            }
-        }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-
-    fn finish(mut self) -> (std::process::ExitStatus, String, String) {
-        let mut stdout = String::new();
-        if let Some(mut out) = self.child.stdout.take() {
-            out.read_to_string(&mut stdout).unwrap();
-        }
-        self.stderr.read_to_string(&mut self.seen).unwrap();
-        let status = self.child.wait().unwrap();
-        (status, stdout, self.seen)
-    }
-}
-
-fn json_lines(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect()
-}
-
-fn row(report: &Value, pid: u32) -> Option<&Value> {
-    report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-}
 
 #[test]
 fn json_mode_counts_a_servers_accepts_and_ctrl_c_leaves_nothing_loaded() {

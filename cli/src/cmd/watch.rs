@@ -32,6 +32,7 @@ use crate::{
     probes::{
         Options, Probes,
         events::{DRAIN_PERIOD, EventStream},
+        privileges,
     },
     procfs, view,
     view::tui::{self, Action, Dashboard, Status, terminal::TerminalGuard},
@@ -105,6 +106,9 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     table.sync_watched(&live);
     observe_sockets(&mut probes, &mut table)?;
     let mut events = EventStream::new(probes.take_events()?).context("polling the ring buffer")?;
+    // Everything that needs more than reading /proc and the probes' maps is
+    // done; before any thread starts, so none keeps more.
+    privileges::drop_unneeded()?;
 
     // Before saying the probes are attached: whoever waits for that line may
     // send SIGINT next, and it must end the run with its summary.

@@ -52,8 +52,6 @@ pub struct Probes {
     ebpf: Ebpf,
     overflow: Overflow,
     _stats: Option<OwnedFd>,
-    // Dropped last: unmounts tracefs if stackprobe mounted it.
-    _tracefs: Tracefs,
 }
 
 impl Probes {
@@ -98,12 +96,14 @@ impl Probes {
         accept::attach(&mut ebpf, &tracefs)?;
         sock::load(&mut ebpf, &btf)?;
         sock::attach(&mut ebpf, &tracefs)?;
+        // Attached tracepoints need tracefs no more: if stackprobe mounted
+        // it, it is unmounted now, while the privilege to do so is at hand.
+        drop(tracefs);
         Ok(Self {
             watch_set,
             ebpf,
             overflow: Overflow::default(),
             _stats: stats,
-            _tracefs: tracefs,
         })
     }
 

@@ -10,6 +10,7 @@ pub mod hooks;
 pub mod loader;
 pub mod overflow;
 pub mod preflight;
+pub mod privileges;
 pub mod sock;
 pub mod tracefs;
 pub mod watch;

@@ -9,9 +9,11 @@ use std::{
     net::TcpStream,
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio},
     sync::{Mutex, MutexGuard},
 };
+
+use serde_json::Value;
 
 use stackprobe::{
     model::process::{LiveProcess, ProcessTable},
@@ -125,7 +127,7 @@ impl Drop for TempDir {
 }
 
 pub struct Server {
-    child: Child,
+    pub child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
     /// The process now taking commands (the forked child after `fork`).
@@ -153,7 +155,14 @@ impl Server {
     /// Starts the loopback server with extra `serve` arguments.
     pub fn start_args(program: &Path, args: &[&str], unix: Option<&Path>) -> Self {
         let mut cmd = Command::new(program);
-        cmd.arg("serve").args(args).args(["--max-seconds", "120"]);
+        cmd.arg("serve").args(args);
+        Self::start_command(cmd, unix)
+    }
+
+    /// Starts `cmd`, which ends in `stackprobe-loopback serve …` (run
+    /// through setpriv, say); the usual flags are appended.
+    pub fn start_command(mut cmd: Command, unix: Option<&Path>) -> Self {
+        cmd.args(["--max-seconds", "120"]);
         if let Some(path) = unix {
             cmd.arg("--unix").arg(path);
         }
@@ -348,4 +357,81 @@ pub fn wait_screen(session: &str, what: &str, ok: impl Fn(&str) -> bool) -> Stri
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+/// A `stackprobe` run whose stderr the test reads line by line.
+pub struct Running {
+    pub child: Child,
+    pub stderr: BufReader<ChildStderr>,
+    pub seen: String,
+}
+
+impl Running {
+    pub fn start(args: &[&str]) -> Self {
+        let mut cmd = Command::new(STACKPROBE);
+        cmd.args(args).stdout(Stdio::piped());
+        Self::spawn(cmd)
+    }
+
+    /// Runs `cmd` (its stdout as the caller set it) reading its stderr.
+    pub fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        Self {
+            child,
+            stderr,
+            seen: String::new(),
+        }
+    }
+
+    /// Reads stderr until a line contains `needle`.
+    pub fn wait_stderr(&mut self, needle: &str) {
+        loop {
+            let mut line = String::new();
+            let n = self.stderr.read_line(&mut line).unwrap();
+            self.seen.push_str(&line);
+            assert!(
+                n > 0,
+                "stackprobe ended before saying {needle:?}; it said:\n{}",
+                self.seen
+            );
+            if line.contains(needle) {
+                return;
+            }
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    pub fn finish(mut self) -> (std::process::ExitStatus, String, String) {
+        let mut stdout = String::new();
+        if let Some(mut out) = self.child.stdout.take() {
+            out.read_to_string(&mut stdout).unwrap();
+        }
+        self.stderr.read_to_string(&mut self.seen).unwrap();
+        let status = self.child.wait().unwrap();
+        (status, stdout, self.seen)
+    }
+}
+
+pub fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+pub fn row(report: &Value, pid: u32) -> Option<&Value> {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
 }
