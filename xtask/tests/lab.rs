@@ -183,8 +183,19 @@ fn summary(lines: &[String]) -> Value {
 
 /// The same postgres accepts and forks counted by bpftrace's one-liners.
 fn bpftrace() -> Traced {
-    let mut cmd = Command::new("bpftrace");
+    // bpftrace needs tracefs, which stackprobe only mounts while it loads:
+    // in a mount namespace of its own it gets one without touching the
+    // host's mounts (the same pid, execed, gets SIGINT).
+    let mut cmd = Command::new("unshare");
     cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "[ -d /sys/kernel/tracing/events ] || mount -t tracefs tracefs /sys/kernel/tracing; exec \"$@\"",
+        "sh",
+        "bpftrace",
         "-B",
         "line",
         "-e",

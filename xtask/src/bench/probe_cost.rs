@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::{
     BpfStats,
     loopback::{self, Loopback},
+    tracer::bpftrace_command,
 };
 use crate::tasks;
 
@@ -284,7 +285,7 @@ fn stackprobe(w: &Workload, n: u64) -> Result<Cost> {
 fn bpftrace(w: &Workload, n: u64) -> Result<Cost> {
     let mut server = Loopback::start(&["--max-seconds", "600"])?;
     let _stats = BpfStats::enable()?;
-    let mut bt = Command::new("bpftrace")
+    let mut bt = bpftrace_command()
         .args(["-e", &w.bpftrace.replace("PID", &server.pid.to_string())])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

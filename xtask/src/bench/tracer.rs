@@ -23,6 +23,18 @@ pub struct Tracer {
     stdout: mpsc::Receiver<String>,
 }
 
+/// `bpftrace`, to which the caller adds arguments. bpftrace needs tracefs,
+/// which stackprobe only mounts while it loads: in a mount namespace of its
+/// own bpftrace gets one without touching the host's mounts (the same pid,
+/// execed, gets SIGINT).
+pub fn bpftrace_command() -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("[ -d /sys/kernel/tracing/events ] || mount -t tracefs tracefs /sys/kernel/tracing; exec \"$@\"")
+        .args(["sh", "bpftrace"]);
+    cmd
+}
+
 impl Tracer {
     /// `stackprobe ARGS` (release build), attached when it says so on stderr.
     pub fn stackprobe(args: &[&str]) -> Result<Self> {
@@ -35,7 +47,7 @@ impl Tracer {
     /// bpftrace running `script`, attached when its BEGIN probe prints
     /// `ready` (bpftrace runs BEGIN once every probe is attached).
     pub fn bpftrace(script: &str) -> Result<Self> {
-        let mut cmd = Command::new("bpftrace");
+        let mut cmd = bpftrace_command();
         cmd.args(["-B", "line", "-e"])
             .arg(format!("BEGIN {{ printf(\"ready\\n\"); }}\n{script}"));
         Self::start(cmd, "ready")
