@@ -1,7 +1,9 @@
 //! Soak: a loopback server churning processes, threads, execs and
 //! connections for a bounded time (STACKPROBE_SOAK_SECONDS, default 60)
-//! under `stackprobe watch --json`. stackprobe's memory must stay bounded, no
-//! exited pid may be reported as live, and its totals must equal the load.
+//! under `stackprobe watch --json`, with `kernel.pid_max` lowered so pids
+//! are reused many times over. stackprobe's memory and kernel map entries
+//! must stay bounded, no exited pid may be reported as live, and its totals
+//! must equal the load.
 
 mod support;
 
@@ -12,8 +14,57 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::maps::{HashMap, Map, MapData, PerCpuHashMap, loaded_maps};
 use serde_json::Value;
 use support::*;
+
+/// Lowers `kernel.pid_max` for the soak and restores it when dropped (also
+/// when the test panics).
+struct PidMax(String);
+
+const PID_MAX: &str = "/proc/sys/kernel/pid_max";
+
+impl PidMax {
+    fn lower_to(max: u32) -> Self {
+        let old = std::fs::read_to_string(PID_MAX).unwrap();
+        std::fs::write(PID_MAX, max.to_string()).unwrap();
+        Self(old)
+    }
+}
+
+impl Drop for PidMax {
+    fn drop(&mut self) {
+        std::fs::write(PID_MAX, self.0.trim()).unwrap();
+    }
+}
+
+/// Entries now in each of stackprobe's hash maps (whose size does not
+/// follow pid_max), by name.
+fn map_entries() -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for info in loaded_maps().filter_map(Result::ok) {
+        let name = info.name_as_str().unwrap_or("").to_string();
+        let Ok(data) = MapData::from_id(info.id()) else {
+            continue;
+        };
+        let n =
+            match name.as_str() {
+                "TRACKED" => HashMap::<_, u64, u32>::try_from(Map::LruHashMap(data))
+                    .map(|m| m.keys().count()),
+                "ESTABLISHED_AT" => HashMap::<_, u64, u64>::try_from(Map::LruHashMap(data))
+                    .map(|m| m.keys().count()),
+                "LISTEN_OWNERS" => {
+                    HashMap::<_, u32, u32>::try_from(Map::HashMap(data)).map(|m| m.keys().count())
+                }
+                "OVERFLOW" => PerCpuHashMap::<_, u64, u64>::try_from(Map::PerCpuHashMap(data))
+                    .map(|m| m.keys().count()),
+                _ => continue,
+            };
+        out.push((name, n.unwrap()));
+    }
+    out.sort();
+    out
+}
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -42,6 +93,9 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
     let max_seconds = (seconds + 60).to_string();
+    // Set before stackprobe starts: it sizes the watch set from pid_max.
+    let pid_max = 16_384;
+    let _pid_max = PidMax::lower_to(pid_max);
     let mut server = Server::start_args(
         std::path::Path::new(LOOPBACK),
         &["--tcp", "127.0.0.1:0", "--max-seconds", &max_seconds],
@@ -80,6 +134,7 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
     // steady number, so the second half must not grow.
     let mut rss_half = None;
     let mut rss_peak = 0;
+    let mut entries_peak: Vec<(String, usize)> = Vec::new();
     while started.elapsed() < Duration::from_secs(seconds) {
         // A child per connection (connection churn and pid churn), threads,
         // and children that exec.
@@ -101,10 +156,19 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
             rss_half = Some(rss);
         }
         rss_peak = rss_peak.max(rss);
+        let entries = map_entries();
+        if entries_peak.is_empty() {
+            entries_peak = entries;
+        } else {
+            for ((_, peak), (_, now)) in entries_peak.iter_mut().zip(entries) {
+                *peak = (*peak).max(now);
+            }
+        }
     }
     let rss_end = rss_kib(sp.id());
     let rss_half = rss_half.unwrap_or(rss_end);
     thread::sleep(Duration::from_millis(1500));
+    let entries_end = map_entries();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(sp.id() as i32, libc::SIGINT) };
     assert!(sp.wait().unwrap().success());
@@ -122,7 +186,8 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
         "soak: {seconds} s, {rounds} rounds: {connections} connections, {forks} processes, \
          {threads} threads, {execs} execs; {} events, drops {}; stackprobe RSS halfway {rss_half} KiB, \
          peak {rss_peak} KiB, end {rss_end} KiB; counted accepts {}, forks {}, threads {}, \
-         child exits {}, children's execs {}",
+         child exits {}, children's execs {}; map entries between rounds at most {entries_peak:?}, at the end \
+         {entries_end:?}",
         summary["events"]["total"],
         summary["drops"],
         sum(&summary, "accept", "total"),
@@ -132,6 +197,17 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
         sum(&summary, "children_exec", "total"),
     );
     assert_eq!(summary["drops"], 0, "{}", summary["drops_by_cause"]);
+    // More tasks than pids: every pid was handed out again and again.
+    assert!(
+        forks + threads > 2 * u64::from(pid_max),
+        "{forks} processes and {threads} threads did not wrap pid_max {pid_max} twice"
+    );
+    // Sockets leave the maps when they close: after the churn, only what
+    // is still open (the listener, the last TIME_WAIT closes) remains.
+    assert_eq!(entries_end.len(), 4, "{entries_end:?}");
+    for (name, n) in &entries_end {
+        assert!(*n <= 64, "{name} still holds {n} entries after the churn");
+    }
     assert_eq!(sum(&summary, "accept", "total"), connections);
     assert_eq!(sum(&summary, "fork", "total"), forks);
     assert_eq!(sum(&summary, "thread", "total"), threads);
