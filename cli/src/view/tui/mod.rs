@@ -483,6 +483,16 @@ fn render_overview(
     frame.render_stateful_widget(table, area, &mut state);
 }
 
+/// `~` marks values of a distribution holding samples the kernel folded
+/// while the ring buffer was full: known to within 1/16, not exactly.
+fn approximate_duration(s: &Summary, ns: u64) -> String {
+    if s.folded > 0 {
+        format!("~{}", duration(ns))
+    } else {
+        duration(ns)
+    }
+}
+
 fn percentile_row(name: &str, s: &Summary) -> Row<'static> {
     let cells = if s.count == 0 {
         vec![
@@ -495,14 +505,15 @@ fn percentile_row(name: &str, s: &Summary) -> Row<'static> {
             "-".into(),
         ]
     } else {
+        let d = |ns| approximate_duration(s, ns);
         vec![
             name.to_string(),
             s.count.to_string(),
-            duration(s.p50_ns),
-            duration(s.p90_ns),
-            duration(s.p99_ns),
-            duration(s.p999_ns),
-            duration(s.max_ns),
+            d(s.p50_ns),
+            d(s.p90_ns),
+            d(s.p99_ns),
+            d(s.p999_ns),
+            d(s.max_ns),
         ]
     };
     Row::new(cells)
@@ -781,6 +792,17 @@ mod tests {
         let (text, _) = screen(&d, 80, 24);
         assert!(text.contains("collecting…"), "{text}");
         assert!(text.contains("nothing to report yet"));
+    }
+
+    #[test]
+    fn values_holding_folded_samples_are_marked_approximate() {
+        let mut s = Summary {
+            count: 3,
+            ..Summary::default()
+        };
+        assert_eq!(approximate_duration(&s, 1_500), "1.5µs");
+        s.folded = 1;
+        assert_eq!(approximate_duration(&s, 1_500), "~1.5µs");
     }
 
     #[test]
