@@ -179,6 +179,12 @@ pub struct WatchArgs {
     /// kernel's BPF run-time statistics, which add ~20 ns to every BPF run).
     #[arg(long)]
     pub probe_cost: bool,
+
+    /// Measure fork latency with this hook instead of the best this kernel
+    /// offers (fentry, then kprobe, then tracepoint); fails if it cannot
+    /// attach. `stackprobe doctor` shows which ones work.
+    #[arg(long, value_enum, value_name = "HOOK")]
+    pub fork_hook: Option<crate::probes::fork::ForkHook>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

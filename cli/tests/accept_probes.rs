@@ -190,7 +190,10 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
     let _lock = probe_lock();
     let s = Session::start();
     let ids = s.probes.program_ids().unwrap();
-    assert_eq!(ids.len(), PROGRAM_NAMES.len());
+    assert_eq!(
+        ids.len(),
+        PROGRAM_NAMES.len() + fork_program_names(s.probes.fork_hook()).len()
+    );
     let loaded = loaded_stackprobe_programs();
     assert!(
         ids.iter().all(|id| loaded.contains(id)),

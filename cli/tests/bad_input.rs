@@ -55,6 +55,11 @@ const ROWS: &[(&[&str], i32, &str)] = &[
         "invalid socket address syntax",
     ),
     (
+        &["watch", "x", "--fork-hook", "ebpf"],
+        2,
+        "invalid value 'ebpf' for '--fork-hook <HOOK>'",
+    ),
+    (
         &["watch", "x", "--frobnicate"],
         2,
         "unexpected argument '--frobnicate'",

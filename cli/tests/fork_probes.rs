@@ -5,7 +5,11 @@ mod support;
 
 use std::time::Duration;
 
-use stackprobe::model::report::{Report, ReportKind};
+use clap::ValueEnum as _;
+use stackprobe::{
+    model::report::{Report, ReportKind},
+    probes::{Options, fork::ForkHook},
+};
 use support::*;
 
 fn report(s: &Session) -> Report {
@@ -163,4 +167,103 @@ fn thread_creations_the_full_ring_buffer_drops_are_still_counted() {
         0
     );
     server.stop();
+}
+
+/// The fork hooks that must work on this kernel: `STACKPROBE_EXPECT_FORK_HOOKS`
+/// (comma-separated; `cargo xtask vm-test` sets it per kernel of the matrix),
+/// else only the tracepoints, which every supported kernel has.
+fn expected_fork_hooks() -> Vec<ForkHook> {
+    std::env::var("STACKPROBE_EXPECT_FORK_HOOKS")
+        .unwrap_or_else(|_| "tracepoint".into())
+        .split(',')
+        .map(|h| ForkHook::from_str(h.trim(), true).expect("a fork hook name"))
+        .collect()
+}
+
+#[test]
+fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_default() {
+    let _lock = probe_lock();
+    let expected = expected_fork_hooks();
+    let mut worked = Vec::new();
+    for hook in ForkHook::LADDER {
+        let mut server = Server::start(None);
+        // With the kernel's run-time statistics, to compare what each rung costs.
+        let forced = Options {
+            fork_hook: Some(hook),
+            probe_cost: true,
+        };
+        let mut s = match Session::try_start(forced) {
+            Ok(s) => s,
+            Err(e) => {
+                assert!(
+                    !expected.contains(&hook),
+                    "{hook:?} must work on this kernel: {e:#}"
+                );
+                let message = format!("{e:#}");
+                assert!(
+                    message.contains("does not work on this kernel"),
+                    "{message}"
+                );
+                continue;
+            }
+        };
+        assert_eq!(s.probes.fork_hook(), hook);
+        s.probes.watch_pid(server.pid).unwrap();
+        let n = 12;
+        server.send(&format!("serve-fork {n} tcp 0"));
+        for _ in 0..n {
+            tcp_connect_and_read(&server.tcp);
+        }
+        assert_eq!(server.line(), format!("served {n}"));
+        server.run("threads 5", "threads 5");
+        s.collect();
+        let a = &s.table.get(server.pid).unwrap().activity;
+        assert_eq!(
+            a.fork.total.count(),
+            n,
+            "{hook:?}: one process per connection"
+        );
+        assert_eq!(a.thread.total.count(), 5, "{hook:?}: threads");
+        assert_eq!(a.fork_unknown.total + a.fork_failed.total, 0, "{hook:?}");
+        assert_eq!(
+            a.child_lifetime.total.count(),
+            n,
+            "{hook:?}: every child's exit"
+        );
+        let fork = a.fork.total.summary();
+        assert!(
+            fork.min_ns > 0 && fork.max_ns < 1_000_000_000,
+            "{hook:?}: {fork:?}"
+        );
+        let costs: Vec<String> = s
+            .probes
+            .costs()
+            .unwrap()
+            .iter()
+            .filter(|c| {
+                fork_program_names(hook)
+                    .iter()
+                    .any(|n| c.program.starts_with(n))
+            })
+            .map(|c| format!("{} {:.0} ns×{}", c.program, c.ns_per_run(), c.runs))
+            .collect();
+        // One line per rung: cargo xtask vm-test puts it in its table.
+        eprintln!(
+            "fork hook cost {hook:?}: {} (fork p50 {} ns)",
+            costs.join(", "),
+            fork.p50_ns
+        );
+        worked.push(hook);
+        drop(s);
+        server.stop();
+    }
+    for hook in &expected {
+        assert!(worked.contains(hook), "{hook:?} did not work: {worked:?}");
+    }
+    let s = Session::start();
+    assert_eq!(
+        s.probes.fork_hook(),
+        worked[0],
+        "the default is the best that works"
+    );
 }

@@ -14,6 +14,15 @@ pub const CLONE3_UARGS_OFFSET_GLOBAL: &str = "CLONE3_UARGS_OFFSET";
 /// `ret` in the four `sys_exit_*` records.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "FORK_EXIT_RET_OFFSET";
 
+/// `flags` in `struct kernel_clone_args`, for the kernel_clone rungs.
+pub const KERNEL_CLONE_FLAGS_OFFSET_GLOBAL: &str = "KERNEL_CLONE_FLAGS_OFFSET";
+/// The kernel function every clone/fork syscall calls (5.10+; `_do_fork` before).
+pub const KERNEL_CLONE: &str = "kernel_clone";
+pub const FENTRY_PROGRAM: &str = "kernel_clone_fentry";
+pub const FEXIT_PROGRAM: &str = "kernel_clone_fexit";
+pub const KPROBE_PROGRAM: &str = "kernel_clone_kprobe";
+pub const KRETPROBE_PROGRAM: &str = "kernel_clone_kretprobe";
+
 pub const ENTER_CLONE_PROGRAM: &str = "clone_enter";
 pub const ENTER_CLONE3_PROGRAM: &str = "clone3_enter";
 /// fork(2) and vfork(2): no arguments, always a new process.

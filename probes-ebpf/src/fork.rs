@@ -1,16 +1,21 @@
-//! clone/clone3/fork/vfork latency as the parent sees it. Enter programs (one
-//! per argument layout) record the start and the clone flags in the thread's
-//! slot; one exit program for all four syscalls emits the sample. The flags
-//! also tell `sched_process_fork` (watch.rs) whether the new task is a thread.
+//! clone/clone3/fork/vfork latency as the parent sees it, on one of three
+//! rungs that userspace picks at load (the best this kernel offers):
+//! fentry/fexit on `kernel_clone`, which all four syscalls call; a
+//! kprobe/kretprobe pair on it; or the syscall tracepoints, one enter
+//! program per argument layout and one exit for all four. Every rung records
+//! the start and the clone flags in the thread's slot and emits the same
+//! sample at exit. The flags also tell `sched_process_fork` (watch.rs)
+//! whether the new task is a thread.
 
 use aya_ebpf::{
     Global,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_user,
     },
-    macros::{map, tracepoint},
+    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::Array,
-    programs::TracePointContext,
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use probes_common::{
     DEFAULT_SLOTS,
@@ -31,6 +36,9 @@ static CLONE_FLAGS_OFFSET: Global<u32> = Global::new(16);
 static CLONE3_UARGS_OFFSET: Global<u32> = Global::new(16);
 #[unsafe(no_mangle)]
 static FORK_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
+/// Offset of `flags` in `struct kernel_clone_args`, from BTF.
+#[unsafe(no_mangle)]
+static KERNEL_CLONE_FLAGS_OFFSET: Global<u32> = Global::new(0);
 
 /// Records the start of a clone by a watched process, with its flags if they
 /// can be read (only read once the process is known to be watched).
@@ -87,23 +95,62 @@ pub fn flags_in_flight(tid: u32) -> Option<u64> {
 
 #[tracepoint]
 pub fn clone_exit(ctx: TracePointContext) -> u32 {
+    if let Ok(ret) = unsafe { ctx.read_at::<i64>(FORK_EXIT_RET_OFFSET.load() as usize) } {
+        finish(ret);
+    }
+    0
+}
+
+/// The flags of a `struct kernel_clone_args` in kernel memory.
+#[inline(always)]
+fn kernel_clone_flags(args: u64) -> Option<u64> {
+    let at = args + u64::from(KERNEL_CLONE_FLAGS_OFFSET.load());
+    unsafe { bpf_probe_read_kernel(at as *const u64) }.ok()
+}
+
+#[fentry(function = "kernel_clone")]
+pub fn kernel_clone_fentry(ctx: FEntryContext) -> u32 {
+    start(|| kernel_clone_flags(ctx.arg::<u64>(0)));
+    0
+}
+
+#[fexit(function = "kernel_clone")]
+pub fn kernel_clone_fexit(ctx: FExitContext) -> u32 {
+    // pid_t kernel_clone(struct kernel_clone_args *): the return value
+    // follows the one argument.
+    finish(i64::from(ctx.arg::<i32>(1)));
+    0
+}
+
+#[kprobe]
+pub fn kernel_clone_kprobe(ctx: ProbeContext) -> u32 {
+    start(|| kernel_clone_flags(ctx.arg::<u64>(0)?));
+    0
+}
+
+#[kretprobe]
+pub fn kernel_clone_kretprobe(ctx: RetProbeContext) -> u32 {
+    finish(i64::from(ctx.ret::<i32>()));
+    0
+}
+
+/// Emits the sample of the clone the current thread started, returning `ret`.
+#[inline(always)]
+fn finish(ret: i64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     // The child also returns from clone (ret 0) with a fresh tid, which never
     // owns a slot: only the parent gets past this check.
     let Some(slot) = slots::slot(&FORK_START, tid) else {
-        return 0;
+        return;
     };
     if slot.start_ns == 0 || slot.tid != tid {
-        return 0;
+        return;
     }
     let start_ns = slot.start_ns;
     let (flags, flags_known) = (slot.flags, slot.flags_known);
     slot.start_ns = 0;
     let now = unsafe { bpf_ktime_get_ns() };
-    let Ok(ret) = (unsafe { ctx.read_at::<i64>(FORK_EXIT_RET_OFFSET.load() as usize) }) else {
-        return 0;
-    };
     let tgid = (pid_tgid >> 32) as u32;
     let latency_ns = now.saturating_sub(start_ns);
     let Some(mut entry) = events::reserve::<ForkEvent>(Stat::LostFork) else {
@@ -118,7 +165,7 @@ pub fn clone_exit(ctx: TracePointContext) -> u32 {
             OverflowMetric::Fork
         };
         overflow::fold(tgid, metric, latency_ns);
-        return 0;
+        return;
     };
     entry.write(ForkEvent {
         kind: EventKind::Fork as u32,
@@ -132,7 +179,6 @@ pub fn clone_exit(ctx: TracePointContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     events::submit(entry);
-    0
 }
 
 /// Called when a thread exits, so a clone interrupted by exit frees its slot.

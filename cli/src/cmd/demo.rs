@@ -114,6 +114,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             record: None,
             force: false,
             probe_cost: false,
+            fork_hook: None,
         },
         Hooks {
             on_attached: Some(Box::new(move || {

@@ -7,7 +7,7 @@ use std::fs;
 
 use anyhow::{Result, bail};
 
-use crate::probes::{Options, Probes, preflight};
+use crate::probes::{Options, Probes, fork::ForkHook, preflight};
 
 enum Verdict {
     Ok,
@@ -36,30 +36,29 @@ fn from(result: Result<()>, ok: &str) -> Line {
     }
 }
 
-/// Metric → the hook `watch` uses for it on every kernel today. The fentry
-/// and fexit rungs the ladder will add are named where they will go.
-const LADDER: [(&str, &str); 5] = [
-    (
-        "accept latency",
-        "tracepoints syscalls/sys_{enter,exit}_accept{,4}",
-    ),
-    (
-        "accept-queue wait",
-        "tracepoint exit + fd → socket walk, joined with sock/inet_sock_set_state (fexit on inet_csk_accept: not implemented)",
-    ),
-    (
-        "fork latency",
-        "tracepoints syscalls/sys_{enter,exit}_{clone,clone3,fork,vfork} (fentry on kernel_clone: not implemented)",
-    ),
-    (
-        "process lifecycle",
-        "tracepoints sched/sched_process_{fork,exec,exit}",
-    ),
-    (
-        "TCP sockets",
-        "iter/tcp every interval + tracepoint sock/inet_sock_set_state",
-    ),
-];
+/// Metric → the hook `watch` uses for it on this kernel (`fork`: the rung
+/// it picked).
+fn ladder(fork: ForkHook) -> [(&'static str, &'static str); 5] {
+    [
+        (
+            "accept latency",
+            "tracepoints syscalls/sys_{enter,exit}_accept{,4}",
+        ),
+        (
+            "accept-queue wait",
+            "tracepoint exit + fd → socket walk, joined with sock/inet_sock_set_state (fexit on inet_csk_accept: not implemented)",
+        ),
+        ("fork latency", fork.describe()),
+        (
+            "process lifecycle",
+            "tracepoints sched/sched_process_{fork,exec,exit}",
+        ),
+        (
+            "TCP sockets",
+            "iter/tcp every interval + tracepoint sock/inet_sock_set_state",
+        ),
+    ]
+}
 
 pub fn run() -> Result<()> {
     let mut lines = vec![
@@ -76,9 +75,11 @@ pub fn run() -> Result<()> {
         bpffs(),
     ];
     let mut usable = lines.iter().all(|l| !matches!(l.verdict, Verdict::Fail));
+    let mut fork_hook = None;
     if usable {
         match Probes::load(Options::default()) {
             Ok(mut probes) => {
+                fork_hook = Some(probes.fork_hook());
                 lines.push(line(
                     Verdict::Ok,
                     "tracefs and tracepoints: every probe loaded and attached",
@@ -90,6 +91,24 @@ pub fn run() -> Result<()> {
                     ),
                     Err(e) => line(Verdict::Fail, format!("iter/tcp: {e:#}")),
                 });
+                drop(probes);
+                for rung in ForkHook::LADDER {
+                    let forced = Options {
+                        fork_hook: Some(rung),
+                        ..Options::default()
+                    };
+                    lines.push(match Probes::load(forced) {
+                        Ok(_) => line(
+                            Verdict::Ok,
+                            format!("fork hook {}: attaches", rung.describe()),
+                        ),
+                        Err(e) => line(
+                            Verdict::Note,
+                            format!("fork hook {}: not available here ({e:#})", rung.describe()),
+                        ),
+                    });
+                }
+                let mut probes = Probes::load(Options::default())?;
                 for check in probes.check_hooks()? {
                     lines.push(match check.result {
                         Ok(()) => line(
@@ -123,8 +142,11 @@ pub fn run() -> Result<()> {
     if !usable {
         bail!("stackprobe watch cannot run here: fix the FAIL lines above");
     }
+    let Some(fork_hook) = fork_hook else {
+        bail!("stackprobe watch cannot run here: the probes did not load");
+    };
     println!("hooks watch uses on this kernel:");
-    for (metric, hook) in LADDER {
+    for (metric, hook) in ladder(fork_hook) {
         println!("  {metric:<18} {hook}");
     }
     Ok(())

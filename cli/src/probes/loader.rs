@@ -20,8 +20,8 @@ use probes_common::{
 };
 
 use super::{
-    accept, btf::KernelBtf, fork, overflow::Overflow, preflight, sock, tracefs::Tracefs, watch,
-    watch::WatchSet,
+    accept, btf::KernelBtf, fork, fork::ForkHook, overflow::Overflow, preflight, sock,
+    tracefs::Tracefs, watch, watch::WatchSet,
 };
 use crate::{
     model::{
@@ -38,6 +38,8 @@ pub struct Options {
     /// Turn on the kernel's BPF run-time statistics while loaded, to report
     /// what each probe costs (the kernel then adds ~20 ns to every BPF run).
     pub probe_cost: bool,
+    /// Use this fork hook or fail, instead of the best one the kernel offers.
+    pub fork_hook: Option<ForkHook>,
 }
 
 /// What one probe needs set before load: globals and map sizes.
@@ -51,6 +53,7 @@ pub struct Probes {
     watch_set: WatchSet,
     ebpf: Ebpf,
     overflow: Overflow,
+    fork_hook: ForkHook,
     _stats: Option<OwnedFd>,
 }
 
@@ -65,7 +68,7 @@ impl Probes {
         let kernel_btf = KernelBtf::from_file(&preflight::btf_path())?;
         let setups = [
             accept::setup(&tracefs, &kernel_btf, slots)?,
-            fork::setup(&tracefs, slots)?,
+            fork::setup(&tracefs, &kernel_btf, slots)?,
             watch::setup(&tracefs)?,
             sock::setup(&kernel_btf, &tracefs)?,
         ];
@@ -92,7 +95,7 @@ impl Probes {
         // Watch-set programs first, so a watched process's children are
         // followed before any accept is timed.
         watch::attach(&mut ebpf, &tracefs)?;
-        fork::attach(&mut ebpf, &tracefs)?;
+        let fork_hook = fork::attach(&mut ebpf, &tracefs, &btf, options.fork_hook)?;
         accept::attach(&mut ebpf, &tracefs)?;
         sock::load(&mut ebpf, &btf)?;
         sock::attach(&mut ebpf, &tracefs)?;
@@ -103,8 +106,14 @@ impl Probes {
             watch_set,
             ebpf,
             overflow: Overflow::default(),
+            fork_hook,
             _stats: stats,
         })
+    }
+
+    /// The hook fork latency comes from on this kernel.
+    pub fn fork_hook(&self) -> ForkHook {
+        self.fork_hook
     }
 
     /// Tries the optional hooks (tp_btf, fentry, kprobe) on this kernel.

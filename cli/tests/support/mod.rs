@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use stackprobe::{
     model::process::{LiveProcess, ProcessTable},
-    probes::{Options, Probes, events::EventStream},
+    probes::{Options, Probes, events::EventStream, fork::ForkHook},
     procfs,
 };
 
@@ -31,20 +31,24 @@ pub struct Session {
 
 impl Session {
     pub fn start() -> Self {
+        Self::try_start(Options::default()).expect("loading the probes")
+    }
+
+    pub fn try_start(options: Options) -> anyhow::Result<Self> {
         require_root();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let _enter = runtime.enter();
-        let mut probes = Probes::load(Options::default()).expect("loading the probes");
+        let mut probes = Probes::load(options)?;
         let events = EventStream::new(probes.take_events().unwrap()).unwrap();
-        Self {
+        Ok(Self {
             probes,
             events,
             table: ProcessTable::default(),
             _runtime: runtime,
-        }
+        })
     }
 
     /// Moves every event waiting in the ring buffer into the table. The
@@ -281,20 +285,27 @@ pub fn read_byte_then_eof(s: &mut dyn Read) {
     );
 }
 
-/// Names of stackprobe's kernel programs (as the kernel truncates them).
-pub const PROGRAM_NAMES: [&str; 11] = [
+/// Names of stackprobe's kernel programs but the fork rungs' (as the kernel
+/// truncates them, to 15 bytes).
+pub const PROGRAM_NAMES: [&str; 7] = [
     "tcp_state",
     "tcp_sockets",
-    "clone_enter",
-    "clone3_enter",
-    "fork_enter",
-    "clone_exit",
     "accept_enter",
     "accept_exit",
     "watch_fork",
     "watch_exec",
     "watch_exit",
 ];
+
+/// The programs of each fork rung.
+pub fn fork_program_names(hook: ForkHook) -> &'static [&'static str] {
+    match hook {
+        ForkHook::Tracepoint => &["clone_enter", "clone3_enter", "fork_enter", "clone_exit"],
+        // kernel_clone_fentry and kernel_clone_fexit, truncated alike.
+        ForkHook::Fentry => &["kernel_clone_fe", "kernel_clone_fe"],
+        ForkHook::Kprobe => &["kernel_clone_kp", "kernel_clone_kr"],
+    }
+}
 
 /// The do-nothing programs `doctor` loads to try a hook.
 pub const HOOK_PROGRAM_NAMES: [&str; 3] = ["hook_tp_btf", "hook_fentry", "hook_kprobe"];
@@ -304,8 +315,13 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter(|p| {
-            p.name_as_str()
-                .is_some_and(|n| PROGRAM_NAMES.contains(&n) || HOOK_PROGRAM_NAMES.contains(&n))
+            p.name_as_str().is_some_and(|n| {
+                PROGRAM_NAMES.contains(&n)
+                    || HOOK_PROGRAM_NAMES.contains(&n)
+                    || ForkHook::LADDER
+                        .iter()
+                        .any(|&h| fork_program_names(h).contains(&n))
+            })
         })
         .map(|p| p.id())
         .collect()
