@@ -6,6 +6,7 @@ mod bench;
 mod lab;
 mod setup;
 mod tasks;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -32,9 +33,14 @@ enum Task {
     },
     /// Set up, build and install `stackprobe` into /usr/local/bin.
     Install,
-    /// Set up, then run the whole test suite: formatting, clippy, unit tests
-    /// and the root-only integration tests that load the real probes.
-    Test,
+    /// Set up, then run the whole test suite: formatting, clippy, unit tests,
+    /// the root-only integration tests that load the real probes, and the
+    /// probe tests again inside Debian's 6.1 and 6.12 kernels under qemu.
+    Test {
+        /// Skip the qemu kernels (a quicker local run; CI runs them).
+        #[arg(long)]
+        no_vm: bool,
+    },
     /// Benchmarks (as root). Without a subcommand: everything, written to
     /// BENCHMARKS.md; `accept`, `fork`, `churn`: one probe-cost table.
     Bench {
@@ -44,6 +50,9 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// The probe tests inside Debian's kernels under qemu (as root):
+    /// `--kernel 5.10|6.1|6.12|7.3|all`.
+    VmTest(vm::VmArgs),
     /// A real nginx → nginx → php-fpm → postgres stack on loopback (as root):
     /// `up`, `load`, `status`, `down`.
     Lab {
@@ -91,9 +100,10 @@ fn main() -> ExitCode {
         Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
         Task::Install => setup::run().and_then(|()| tasks::install()),
         // The lab tests run the real stack, so its packages come first.
-        Task::Test => setup::run()
+        Task::Test { no_vm } => setup::run()
             .and_then(|()| setup::apt_packages(&lab::PACKAGES))
-            .and_then(|()| tasks::test()),
+            .and_then(|()| tasks::test(!no_vm)),
+        Task::VmTest(args) => setup::run().and_then(|()| vm::run(&args).map(|_| ())),
         Task::Lab { which } => match which {
             Lab::Up => lab::up(),
             Lab::Load(args) => lab::load(&args),

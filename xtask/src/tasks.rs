@@ -83,7 +83,8 @@ pub fn install() -> Result<()> {
     Ok(())
 }
 
-pub fn test() -> Result<()> {
+/// `vm`: also run the probe tests inside the CI kernels under qemu.
+pub fn test(vm: bool) -> Result<()> {
     if !is_root() {
         bail!(
             "the integration tests load kernel probes: run `sudo -E cargo xtask test` (CI runs as root)"
@@ -100,7 +101,12 @@ pub fn test() -> Result<()> {
     ]))?;
     // Integration test binaries in one crate run one after another, and the
     // tests inside each take a lock before loading probes.
-    let totals = run_tests(cargo().args(["test", "--locked"]))?;
+    let mut totals = run_tests(cargo().args(["test", "--locked"]))?;
+    if vm {
+        let (passed, failed) = crate::vm::run(&crate::vm::VmArgs::ci())?;
+        totals.passed += passed;
+        totals.failed += failed;
+    }
     // One closing line for the whole suite: cargo's own last line is the
     // doc-test run of the last crate, which says nothing about the rest.
     println!(

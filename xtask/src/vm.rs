@@ -1,0 +1,655 @@
+//! `cargo xtask vm-test`: the integration tests, built on this host, run
+//! inside Debian's own kernels booted under qemu (TCG: KVM does not work
+//! here). Kernels are fetched with `apt-get download` and extracted under
+//! target/vm (never installed into this machine's /boot); the guest gets a
+//! busybox initramfs that loads the 9p modules and mounts this host's /usr and
+//! /etc read-only, so it runs with the host's userland, and the workspace at
+//! the same path, so the test binaries find the binaries they drive.
+
+use std::{
+    fs,
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use crate::{
+    setup,
+    tasks::{capture, is_root, run_cmd, workspace_root},
+};
+
+/// What qemu, the initramfs and the kernel's module tree need.
+const PACKAGES: [&str; 5] = [
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "kmod",
+    "xz-utils",
+];
+
+/// The test binaries run in each guest by default: the probes' own tests
+/// (the rest drive terminals, real services or long soaks).
+pub const DEFAULT_TESTS: [&str; 3] = ["accept_probes", "fork_probes", "sock_probes"];
+
+/// A kernel of the matrix: how `--kernel` names it and which Debian package
+/// holds it.
+struct KernelSpec {
+    name: &'static str,
+    /// Regex for `apt-cache search --names-only`; the newest match is used.
+    package: &'static str,
+    /// Extra apt source, for kernels this machine's sources do not carry.
+    source: Option<&'static str>,
+    /// The fork hooks that must work there (the tests fail otherwise).
+    fork_hooks: &'static str,
+}
+
+const KERNELS: [KernelSpec; 4] = [
+    KernelSpec {
+        name: "5.10",
+        package: r"^linux-image-5\.10\.0-[0-9]+-amd64-unsigned$",
+        source: Some("deb http://deb.debian.org/debian bullseye main"),
+        fork_hooks: "fentry,kprobe,tracepoint",
+    },
+    KernelSpec {
+        name: "6.1",
+        package: r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$",
+        source: None,
+        fork_hooks: "fentry,kprobe,tracepoint",
+    },
+    KernelSpec {
+        name: "6.12",
+        package: r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$",
+        source: None,
+        fork_hooks: "fentry,kprobe,tracepoint",
+    },
+    KernelSpec {
+        name: "7.3",
+        package: r"^linux-binary-7\.3[.0-9]*\+deb13-amd64$",
+        source: Some("deb http://deb.debian.org/debian trixie-backports main"),
+        fork_hooks: "fentry,kprobe,tracepoint",
+    },
+];
+
+#[derive(clap::Args)]
+pub struct VmArgs {
+    /// 5.10, 6.1, 6.12, 7.3, or all; repeat for several.
+    #[arg(long, default_values_t = ["6.1".to_string()])]
+    kernel: Vec<String>,
+    /// Test binaries (cli/tests/NAME.rs) to run in each guest.
+    #[arg(long, default_values_t = DEFAULT_TESTS.map(String::from))]
+    test: Vec<String>,
+    /// Seconds each guest may run before it is stopped and counted failed.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+}
+
+/// One guest's outcome.
+struct Outcome {
+    kernel: String,
+    release: String,
+    passed: bool,
+    tests: (u64, u64),
+    hooks: Vec<String>,
+    /// ns per run of each fork rung's programs, as fork_probes measured them.
+    costs: Vec<String>,
+    log: PathBuf,
+    took: Duration,
+}
+
+/// The kernels `cargo xtask test` runs besides the host's.
+pub const CI_KERNELS: [&str; 2] = ["6.1", "6.12"];
+
+impl VmArgs {
+    pub fn ci() -> Self {
+        Self {
+            kernel: CI_KERNELS.map(String::from).to_vec(),
+            test: DEFAULT_TESTS.map(String::from).to_vec(),
+            timeout: 900,
+        }
+    }
+}
+
+/// Runs the matrix, prints its table and returns the tests passed and
+/// failed over every guest; fails if a guest did.
+pub fn run(args: &VmArgs) -> Result<(u64, u64)> {
+    if !is_root() {
+        bail!("vm-test runs the probe tests as root inside the guests: run it with sudo");
+    }
+    setup::apt_packages(&PACKAGES)?;
+    let specs = select(&args.kernel)?;
+    let binaries = build_tests(&args.test)?;
+    let vm_dir = workspace_root().join("target/vm");
+    let mut outcomes = Vec::new();
+    for spec in specs {
+        let kernel = Kernel::fetch(spec, &vm_dir)?;
+        let initrd = kernel.initramfs()?;
+        outcomes.push(boot(&kernel, &initrd, &binaries, &vm_dir, args.timeout)?);
+    }
+    let totals = outcomes
+        .iter()
+        .fold((0, 0), |(p, f), o| (p + o.tests.0, f + o.tests.1));
+    println!(
+        "\n| kernel | release | result | tests passed/failed | hooks (doctor) | fork rung cost | time |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for o in &outcomes {
+        println!(
+            "| {} | {} | {} | {}/{} | {} | {} | {:.0} s |",
+            o.kernel,
+            o.release,
+            if o.passed { "pass" } else { "FAIL" },
+            o.tests.0,
+            o.tests.1,
+            o.hooks.join("; "),
+            o.costs.join("; "),
+            o.took.as_secs_f64()
+        );
+    }
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.passed).collect();
+    if !failed.is_empty() {
+        for o in &failed {
+            eprintln!(
+                "xtask: vm-test on {} failed; log: {}",
+                o.kernel,
+                o.log.display()
+            );
+        }
+        bail!("vm-test failed on {} kernel(s)", failed.len());
+    }
+    Ok(totals)
+}
+
+fn select(names: &[String]) -> Result<Vec<&'static KernelSpec>> {
+    let mut out: Vec<&'static KernelSpec> = Vec::new();
+    for name in names {
+        let picked: Vec<&'static KernelSpec> = if name == "all" {
+            KERNELS.iter().collect()
+        } else {
+            let spec = KERNELS.iter().find(|k| k.name == name).ok_or_else(|| {
+                let known: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+                anyhow!(
+                    "no kernel {name} in the matrix (known: {}, all)",
+                    known.join(", ")
+                )
+            })?;
+            vec![spec]
+        };
+        for spec in picked {
+            if !out.iter().any(|k| k.name == spec.name) {
+                out.push(spec);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Builds the test binaries (and the binaries they drive) and returns their
+/// paths.
+fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root())
+        .args([
+            "test",
+            "--release",
+            "--locked",
+            "--no-run",
+            "-p",
+            "stackprobe",
+        ])
+        .args(["--message-format", "json"]);
+    for t in tests {
+        cmd.args(["--test", t]);
+    }
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .context("building the test binaries")?;
+    if !out.status.success() {
+        bail!("building the test binaries failed: {}", out.status);
+    }
+    let mut binaries = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = msg["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "test"));
+        if msg["reason"] == "compiler-artifact"
+            && is_test
+            && let Some(exe) = msg["executable"].as_str()
+        {
+            binaries.push(PathBuf::from(exe));
+        }
+    }
+    if binaries.len() != tests.len() {
+        bail!(
+            "expected {} test binaries, cargo built {binaries:?}",
+            tests.len()
+        );
+    }
+    Ok(binaries)
+}
+
+struct Kernel {
+    spec: &'static KernelSpec,
+    /// e.g. 6.1.0-57-amd64
+    release: String,
+    /// The extracted package.
+    root: PathBuf,
+    vmlinuz: PathBuf,
+    dir: PathBuf,
+}
+
+impl Kernel {
+    /// Downloads and extracts the newest package of `spec`, unless a
+    /// previous run left it under `vm_dir`.
+    fn fetch(spec: &'static KernelSpec, vm_dir: &Path) -> Result<Self> {
+        let dir = vm_dir.join(spec.name);
+        let root = dir.join("root");
+        if !root.join(".complete").exists() {
+            fs::create_dir_all(&dir)?;
+            let apt = Apt::new(spec, &dir)?;
+            let package = apt.newest(spec.package)?;
+            eprintln!("xtask: vm-test: fetching {package}");
+            let _ = fs::remove_dir_all(&root);
+            let debs = dir.join("debs");
+            let _ = fs::remove_dir_all(&debs);
+            fs::create_dir_all(&debs)?;
+            // 7.x splits the kernel image and its modules in two packages.
+            let mut packages = vec![package.clone()];
+            if let Some(version) = package.strip_prefix("linux-binary-") {
+                packages.push(format!("linux-modules-{version}"));
+            }
+            for p in &packages {
+                run_cmd(apt.command(&debs).args(["download", p]))?;
+            }
+            for deb in fs::read_dir(&debs)? {
+                run_cmd(
+                    Command::new("dpkg-deb")
+                        .arg("-x")
+                        .arg(deb?.path())
+                        .arg(&root),
+                )?;
+            }
+            fs::write(root.join(".complete"), &package)?;
+        }
+        let modules = modules_dir(&root)?;
+        let release = fs::read_dir(&modules)?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .next()
+            .ok_or_else(|| anyhow!("no kernel release under {}", modules.display()))?;
+        let vmlinuz = [
+            root.join(format!("boot/vmlinuz-{release}")),
+            modules.join(&release).join("vmlinuz"),
+        ]
+        .into_iter()
+        .find(|p| p.exists())
+        .ok_or_else(|| anyhow!("no vmlinuz for {release} in {}", root.display()))?;
+        Ok(Self {
+            spec,
+            release,
+            root,
+            vmlinuz,
+            dir,
+        })
+    }
+
+    /// A busybox initramfs with the modules that 9p needs, built once.
+    fn initramfs(&self) -> Result<PathBuf> {
+        let out = self.dir.join("initramfs.cpio");
+        if out.exists() {
+            return Ok(out);
+        }
+        let staging = self.dir.join("initramfs");
+        let _ = fs::remove_dir_all(&staging);
+        for d in ["bin", "mods", "proc", "sys", "dev", "newroot"] {
+            fs::create_dir_all(staging.join(d))?;
+        }
+        fs::copy("/bin/busybox", staging.join("bin/busybox"))
+            .context("copying busybox (busybox-static)")?;
+        let kernel_root = if self.root.join("lib/modules").is_dir() {
+            self.root.clone()
+        } else {
+            self.root.join("usr")
+        };
+        run_cmd(
+            Command::new("depmod")
+                .arg("-b")
+                .arg(&kernel_root)
+                .arg(&self.release),
+        )?;
+        let mut order: Vec<String> = Vec::new();
+        for module in ["virtio_pci", "9pnet_virtio", "9p"] {
+            let deps = capture(Command::new("modprobe").arg("-d").arg(&kernel_root).args([
+                "-S",
+                &self.release,
+                "--show-depends",
+                module,
+            ]))
+            .with_context(|| format!("finding what {module} needs"))?;
+            for line in deps.lines() {
+                // "builtin NAME" needs nothing; "insmod PATH [params]" loads PATH.
+                let Some(path) = line.strip_prefix("insmod ") else {
+                    continue;
+                };
+                let path = path.split_whitespace().next().unwrap_or_default();
+                let file = Path::new(path)
+                    .file_name()
+                    .and_then(|f| f.to_str())
+                    .ok_or_else(|| anyhow!("odd module path {path}"))?;
+                let name = file
+                    .trim_end_matches(".xz")
+                    .trim_end_matches(".zst")
+                    .to_string();
+                if order.contains(&name) {
+                    continue;
+                }
+                let target = staging.join("mods").join(&name);
+                // busybox insmod cannot read compressed modules.
+                if file.ends_with(".xz") {
+                    decompress("xz", path, &target)?;
+                } else if file.ends_with(".zst") {
+                    decompress("zstd", path, &target)?;
+                } else {
+                    fs::copy(path, &target)?;
+                }
+                order.push(name);
+            }
+        }
+        let init = staging.join("init");
+        fs::write(&init, init_script(&order))?;
+        fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+        let list = capture(Command::new("sh").arg("-c").arg(format!(
+            "cd '{}' && find . -print0 | cpio --null -o -H newc --quiet > '{}'",
+            staging.display(),
+            out.display()
+        )));
+        list.context("packing the initramfs")?;
+        Ok(out)
+    }
+}
+
+fn modules_dir(root: &Path) -> Result<PathBuf> {
+    ["lib/modules", "usr/lib/modules"]
+        .iter()
+        .map(|d| root.join(d))
+        .find(|d| d.is_dir())
+        .ok_or_else(|| anyhow!("no lib/modules in {}", root.display()))
+}
+
+fn decompress(tool: &str, from: &str, to: &Path) -> Result<()> {
+    let out = Command::new(tool)
+        .args(["-dc", from])
+        .output()
+        .with_context(|| format!("running {tool}"))?;
+    if !out.status.success() {
+        bail!("{tool} -dc {from} failed");
+    }
+    fs::write(to, out.stdout)?;
+    Ok(())
+}
+
+/// apt, with a state of its own when the kernel comes from a suite this
+/// machine's sources do not list (the system's apt config is left alone).
+struct Apt {
+    options: Vec<String>,
+}
+
+impl Apt {
+    fn new(spec: &KernelSpec, dir: &Path) -> Result<Self> {
+        let Some(source) = spec.source else {
+            return Ok(Self {
+                options: Vec::new(),
+            });
+        };
+        let state = dir.join("apt");
+        fs::create_dir_all(state.join("lists/partial"))?;
+        fs::create_dir_all(state.join("cache/archives/partial"))?;
+        let list = state.join("sources.list");
+        fs::write(&list, format!("{source}\n"))?;
+        let options = vec![
+            format!("-oDir::Etc::sourcelist={}", list.display()),
+            "-oDir::Etc::sourceparts=/nonexistent".to_string(),
+            format!("-oDir::State::Lists={}", state.join("lists").display()),
+            format!("-oDir::Cache={}", state.join("cache").display()),
+            "-oAPT::Get::List-Cleanup=0".to_string(),
+        ];
+        let apt = Self { options };
+        run_cmd(apt.command(dir).args(["update", "-q"]))?;
+        Ok(apt)
+    }
+
+    fn command(&self, cwd: &Path) -> Command {
+        let mut cmd = Command::new("apt-get");
+        cmd.current_dir(cwd).args(&self.options);
+        cmd
+    }
+
+    fn newest(&self, pattern: &str) -> Result<String> {
+        let found = capture(Command::new("apt-cache").args(&self.options).args([
+            "search",
+            "--names-only",
+            pattern,
+        ]))?;
+        let mut names: Vec<&str> = found
+            .lines()
+            .filter_map(|l| l.split(" - ").next())
+            .collect();
+        names.sort_by_key(|n| version_key(n));
+        names
+            .last()
+            .map(|s| s.to_string())
+            .ok_or_else(|| anyhow!("apt knows no package matching {pattern}"))
+    }
+}
+
+/// Numbers in a package name, for "newest" (6.1.0-9 < 6.1.0-57).
+fn version_key(name: &str) -> Vec<u64> {
+    name.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// /init: load the 9p modules, build a root of the host's /usr and /etc plus
+/// the workspace, and run the guest script there as PID 1.
+fn init_script(modules: &[String]) -> String {
+    let ws = workspace_root();
+    let ws = ws.display();
+    let insmods: String = modules
+        .iter()
+        .map(|m| format!("/bin/busybox insmod /mods/{m} || echo 'vm-init: insmod {m} failed'\n"))
+        .collect();
+    format!(
+        r#"#!/bin/busybox sh
+B=/bin/busybox
+$B mount -t proc proc /proc
+$B mount -t sysfs sys /sys
+$B mount -t devtmpfs dev /dev
+{insmods}R=/newroot
+$B mount -t tmpfs -o size=1g tmpfs $R
+$B mkdir -p $R/usr $R/etc $R/proc $R/sys $R/dev $R/tmp $R/run $R/root $R/vmshare $R{ws}
+P="-t 9p -o trans=virtio,version=9p2000.L,msize=512000"
+$B mount $P,ro usr $R/usr
+$B mount $P,ro etc $R/etc
+$B mount $P,ro ws $R{ws}
+$B mount $P vmshare $R/vmshare
+for d in bin sbin lib lib64; do [ -e $R/usr/$d ] && $B ln -s usr/$d $R/$d; done
+$B mount --move /proc $R/proc
+$B mount --move /sys $R/sys
+$B mount --move /dev $R/dev
+exec $B switch_root $R /bin/sh /vmshare/guest.sh
+"#
+    )
+}
+
+/// The guest's PID 1 after switch_root: runs doctor and the tests, then
+/// tells qemu the result through the isa-debug-exit port (qemu exits with
+/// `(code << 1) | 1`).
+fn guest_script(binaries: &[PathBuf], fork_hooks: &str) -> String {
+    let stackprobe = workspace_root().join("target/release/stackprobe");
+    let tests: String = binaries
+        .iter()
+        .map(|b| {
+            format!(
+                "echo \"== test $(basename {0})\"; {0} --test-threads 1 --nocapture || rc=1\n",
+                b.display()
+            )
+        })
+        .collect();
+    format!(
+        r#"#!/bin/sh
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+ip link set lo up
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin HOME=/root
+export STACKPROBE_EXPECT_FORK_HOOKS={fork_hooks}
+echo "== kernel $(uname -r)"
+rc=0
+echo "== doctor"
+{stackprobe} doctor
+cd /tmp
+{tests}echo "== result $rc"
+if [ $rc -eq 0 ]; then printf '\000'; else printf '\001'; fi | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
+sleep 10
+"#,
+        stackprobe = stackprobe.display()
+    )
+}
+
+fn boot(
+    kernel: &Kernel,
+    initrd: &Path,
+    binaries: &[PathBuf],
+    vm_dir: &Path,
+    timeout: u64,
+) -> Result<Outcome> {
+    let share = vm_dir.join(format!("share-{}", kernel.spec.name));
+    let _ = fs::remove_dir_all(&share);
+    fs::create_dir_all(&share)?;
+    fs::write(
+        share.join("guest.sh"),
+        guest_script(binaries, kernel.spec.fork_hooks),
+    )?;
+    let log_path = vm_dir.join(format!("{}.log", kernel.spec.name));
+    let mut log = fs::File::create(&log_path)?;
+    let virtfs = |path: &Path, tag: &str, ro: bool| {
+        format!(
+            "local,path={},mount_tag={tag},security_model=none{}",
+            path.display(),
+            if ro { ",readonly=on" } else { "" }
+        )
+    };
+    eprintln!(
+        "xtask: vm-test: booting {} ({}) under qemu",
+        kernel.spec.name, kernel.release
+    );
+    let started = Instant::now();
+    let mut child = Command::new("timeout")
+        .args(["--kill-after=10", &timeout.to_string()])
+        .args([
+            "qemu-system-x86_64",
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max",
+        ])
+        .args(["-m", "2048", "-smp", "2", "-nographic", "-no-reboot"])
+        .arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        .args(["-virtfs", &virtfs(Path::new("/usr"), "usr", true)])
+        .args(["-virtfs", &virtfs(Path::new("/etc"), "etc", true)])
+        .args(["-virtfs", &virtfs(&workspace_root(), "ws", true)])
+        .args(["-virtfs", &virtfs(&share, "vmshare", false)])
+        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting qemu-system-x86_64")?;
+    let (mut passed_tests, mut failed_tests) = (0, 0);
+    let mut hooks = Vec::new();
+    let mut costs = Vec::new();
+    let mut in_doctor = false;
+    let mut release = kernel.release.clone();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        let line = line.trim_end_matches('\r');
+        println!("  [{}] {line}", kernel.spec.name);
+        writeln!(log, "{line}")?;
+        if let Some(r) = line.strip_prefix("== kernel ") {
+            release = r.to_string();
+        }
+        if line.starts_with("== ") {
+            in_doctor = line == "== doctor";
+        } else if in_doctor
+            && let Some((verdict, rest)) = line.trim_start().split_once(char::is_whitespace)
+        {
+            // doctor: "ok    fork hook fentry/fexit on kernel_clone: attaches",
+            // "note  kprobe: not available here …", "  fork latency   HOOK".
+            let rest = rest.trim_start();
+            if let Some(hook) = rest.strip_prefix("fork hook ") {
+                let rung = hook.split(['/', ' ']).next().unwrap_or(hook);
+                let rung = rung.trim_end_matches('s');
+                hooks.push(format!(
+                    "fork {rung} {}",
+                    if verdict == "ok" { "yes" } else { "no" }
+                ));
+            } else if let Some(hook) = ["tp_btf", "fentry", "kprobe"]
+                .into_iter()
+                .find(|h| rest.starts_with(&format!("{h}:")))
+            {
+                hooks.push(format!(
+                    "{hook} {}",
+                    if verdict == "ok" { "yes" } else { "no" }
+                ));
+            } else if verdict == "fork" {
+                hooks.push(format!(
+                    "fork uses {}",
+                    rest.trim_start_matches("latency").trim()
+                ));
+            }
+        }
+        // fork_probes prints what each fork rung cost per run here.
+        if let Some(cost) = line.strip_prefix("fork hook cost ") {
+            costs.push(cost.to_string());
+        }
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(['.', ';']) {
+                let mut words = part.split_whitespace();
+                match (
+                    words.next().and_then(|n| n.parse::<u64>().ok()),
+                    words.next(),
+                ) {
+                    (Some(n), Some("passed")) => passed_tests += n,
+                    (Some(n), Some("failed")) => failed_tests += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    // 1 = the guest wrote 0 (every test passed); 3 = it wrote 1; 0 = a
+    // panic or no result; 124/137 = timeout.
+    let passed = status.code() == Some(1) && failed_tests == 0 && passed_tests > 0;
+    if status.code() == Some(124) || status.code() == Some(137) {
+        writeln!(log, "xtask: the guest ran past {timeout} s and was stopped")?;
+    }
+    Ok(Outcome {
+        kernel: kernel.spec.name.to_string(),
+        release,
+        passed,
+        tests: (passed_tests, failed_tests),
+        hooks,
+        costs,
+        log: log_path,
+        took: started.elapsed(),
+    })
+}
