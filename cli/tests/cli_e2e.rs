@@ -339,6 +339,18 @@ fn doctor_tries_every_hook_and_names_what_fails_in_watchs_words() {
             "{hook} not tried:\n{stdout}"
         );
     }
+    // Each fork rung is tried; this host has only the tracepoints, and says so.
+    for rung in ForkHook::LADDER {
+        let tried = format!("fork hook {}:", rung.describe());
+        assert!(stdout.contains(&tried), "{tried} not tried:\n{stdout}");
+    }
+    assert!(
+        stdout.contains(&format!(
+            "  fork latency       {}",
+            ForkHook::Tracepoint.describe()
+        )),
+        "{stdout}"
+    );
     assert!(stdout.contains("hooks watch uses on this kernel:"));
     assert!(loaded_stackprobe_programs().is_empty());
 

@@ -308,3 +308,39 @@ fn sigint_sigterm_and_sighup_each_end_the_run_with_its_summary_and_nothing_loade
     }
     server.stop();
 }
+
+#[test]
+fn a_btf_whose_offsets_do_not_match_the_kernel_is_caught_by_the_load_time_self_check() {
+    let _lock = probe_lock();
+    require_root();
+    // This kernel's BTF with one offset of the accept probe's fd → socket
+    // walk moved by 8 bytes: exactly the mistake a BTF from another kernel
+    // (or a parser bug) would make.
+    let path = "/sys/kernel/btf/vmlinux";
+    let mut data = fs::read(path).unwrap();
+    let btf = stackprobe::probes::btf::KernelBtf::parse(&data).unwrap();
+    let at = btf
+        .member_offset_position("file", "private_data")
+        .expect("struct file has private_data");
+    let bits = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+    data[at..at + 4].copy_from_slice(&(bits + 64).to_le_bytes());
+    let dir = TempDir::new("btf");
+    let patched = dir.0.join("vmlinux");
+    fs::write(&patched, &data).unwrap();
+
+    let out = Command::new(STACKPROBE)
+        .args(["watch", "--pid", "1", "--json", "--duration", "1s"])
+        .env("STACKPROBE_BTF", &patched)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "self-check failed: the accept probe did not find stackprobe's own test connection"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(loaded_stackprobe_programs().is_empty());
+}

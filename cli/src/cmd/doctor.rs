@@ -82,7 +82,7 @@ pub fn run() -> Result<()> {
                 fork_hook = Some(probes.fork_hook());
                 lines.push(line(
                     Verdict::Ok,
-                    "tracefs and tracepoints: every probe loaded and attached",
+                    "tracefs and tracepoints: every probe loaded and attached; BTF offsets checked on a test connection of stackprobe's own",
                 ));
                 lines.push(match probes.tcp_sockets() {
                     Ok(sockets) => line(

@@ -16,6 +16,8 @@ struct Member {
     name: String,
     type_id: u32,
     bit_offset: u32,
+    /// Where in the BTF blob the member's offset is stored.
+    offset_at: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -103,6 +105,7 @@ impl KernelBtf {
                         members.push(Member {
                             name: string_at(strings, u32_at(types_data, m)?)?,
                             type_id: u32_at(types_data, m + 4)?,
+                            offset_at: hdr_len + type_off + m + 8,
                             // With kind_flag the top 8 bits hold a bitfield size.
                             bit_offset: if kind_flag {
                                 offset & 0x00ff_ffff
@@ -137,6 +140,17 @@ impl KernelBtf {
             .map(|(id, t)| (t.name.clone(), id as u32))
             .collect();
         Ok(Self { types, structs })
+    }
+
+    /// Where in the BTF blob the offset of `struct name`'s direct member
+    /// `member` is stored (tests patch it to prove a wrong offset is caught).
+    pub fn member_offset_position(&self, name: &str, member: &str) -> Option<usize> {
+        let id = *self.structs.get(name)?;
+        self.types[id as usize]
+            .members
+            .iter()
+            .find(|m| m.name == member)
+            .map(|m| m.offset_at)
     }
 
     /// Byte offset of `member` in `struct name`, looking through anonymous
@@ -283,6 +297,18 @@ mod tests {
         assert_eq!(btf.path_offset("outer", &["d", "y"]).unwrap(), 12);
         assert!(btf.member_offset("outer", "nope").is_err());
         assert!(btf.member_offset("nope", "a").is_err());
+    }
+
+    #[test]
+    fn a_patched_member_offset_reads_back_patched() {
+        let mut data = blob();
+        let btf = KernelBtf::parse(&data).unwrap();
+        let at = btf.member_offset_position("outer", "d").unwrap();
+        data[at..at + 4].copy_from_slice(&(16u32 * 8).to_le_bytes());
+        let patched = KernelBtf::parse(&data).unwrap();
+        assert_eq!(patched.member_offset("outer", "d").unwrap(), 16);
+        assert_eq!(patched.member_offset("outer", "a").unwrap(), 0);
+        assert!(btf.member_offset_position("outer", "nope").is_none());
     }
 
     #[test]

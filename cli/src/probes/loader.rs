@@ -20,7 +20,7 @@ use probes_common::{
 };
 
 use super::{
-    accept, btf::KernelBtf, fork, fork::ForkHook, overflow::Overflow, preflight, sock,
+    accept, btf::KernelBtf, fork, fork::ForkHook, overflow::Overflow, preflight, self_check, sock,
     tracefs::Tracefs, watch, watch::WatchSet,
 };
 use crate::{
@@ -99,6 +99,7 @@ impl Probes {
         accept::attach(&mut ebpf, &tracefs)?;
         sock::load(&mut ebpf, &btf)?;
         sock::attach(&mut ebpf, &tracefs)?;
+        self_check::run(&mut ebpf, &watch_set)?;
         // Attached tracepoints need tracefs no more: if stackprobe mounted
         // it, it is unmounted now, while the privilege to do so is at hand.
         drop(tracefs);

@@ -11,6 +11,7 @@ pub mod loader;
 pub mod overflow;
 pub mod preflight;
 pub mod privileges;
+pub mod self_check;
 pub mod sock;
 pub mod tracefs;
 pub mod watch;

@@ -180,6 +180,13 @@ impl WatchSet {
         Ok(())
     }
 
+    /// Stops watching `pid` (its children stay watched, as ever).
+    pub fn remove(&self, pid: u32) {
+        if let Some(byte) = self.byte(pid) {
+            byte.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Every watched pid: processes, and threads started by watched processes
     /// while they live.
     pub fn pids(&self) -> Vec<(u32, Option<WatchReason>)> {
