@@ -185,6 +185,12 @@ pub struct WatchArgs {
     /// attach. `stackprobe doctor` shows which ones work.
     #[arg(long, value_enum, value_name = "HOOK")]
     pub fork_hook: Option<crate::probes::fork::ForkHook>,
+
+    /// Find accepted sockets (for the accept-queue wait) with this hook
+    /// instead of the best this kernel offers (fexit, then kretprobe, then
+    /// the fd walk); fails if it cannot attach.
+    #[arg(long, value_enum, value_name = "HOOK")]
+    pub queue_hook: Option<crate::probes::accept::QueueHook>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -192,7 +192,9 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
     let ids = s.probes.program_ids().unwrap();
     assert_eq!(
         ids.len(),
-        PROGRAM_NAMES.len() + fork_program_names(s.probes.fork_hook()).len()
+        PROGRAM_NAMES.len()
+            + fork_program_names(s.probes.fork_hook()).len()
+            + queue_program_names(s.probes.queue_hook()).len()
     );
     let loaded = loaded_stackprobe_programs();
     assert!(

@@ -191,6 +191,7 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
         let forced = Options {
             fork_hook: Some(hook),
             probe_cost: true,
+            ..Options::default()
         };
         let mut s = match Session::try_start(forced) {
             Ok(s) => s,

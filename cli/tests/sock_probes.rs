@@ -9,7 +9,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use stackprobe::model::sockets::TcpState;
+use clap::ValueEnum as _;
+use stackprobe::{
+    model::sockets::TcpState,
+    probes::{Options, accept::QueueHook},
+};
 use support::*;
 
 /// `ss -Htan state STATE` lines whose local address (the third column) is `local`.
@@ -178,8 +182,9 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     assert_eq!(
         (c.opens.total, c.closes.total, c.aborts.total),
         (n, n, 0),
-        "{:?}",
-        s.table.links.iter().collect::<Vec<_>>()
+        "{:?}; drops {:?}",
+        s.table.links.iter().collect::<Vec<_>>(),
+        s.probes.drops().unwrap()
     );
     // What ss counts for that port pair: every TIME_WAIT socket towards the server.
     let ss = Command::new("ss")
@@ -240,49 +245,106 @@ fn a_server_that_closes_first_owns_the_time_wait_sockets() {
     server.stop();
 }
 
+/// The accept-queue hooks that must work on this kernel:
+/// `STACKPROBE_EXPECT_QUEUE_HOOKS` (comma-separated; `cargo xtask vm-test`
+/// sets it per kernel of the matrix), else only the fd walk, which every
+/// supported kernel has.
+fn expected_queue_hooks() -> Vec<QueueHook> {
+    std::env::var("STACKPROBE_EXPECT_QUEUE_HOOKS")
+        .unwrap_or_else(|_| "fd-walk".into())
+        .split(',')
+        .map(|h| QueueHook::from_str(h.trim(), true).expect("an accept-queue hook name"))
+        .collect()
+}
+
 #[test]
-fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted() {
+fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hook() {
     let _lock = probe_lock();
-    let mut server = Server::start(None);
-    let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
-    s.sync();
-    // Tells the kernel the server owns its listening port.
-    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+    let expected = expected_queue_hooks();
+    let mut worked = Vec::new();
+    for hook in QueueHook::LADDER {
+        let dir = TempDir::new("queue");
+        let mut server = Server::start(Some(&dir.0.join("s.sock")));
+        // With the kernel's run-time statistics, to compare what each rung costs.
+        let forced = Options {
+            queue_hook: Some(hook),
+            probe_cost: true,
+            ..Options::default()
+        };
+        let mut s = match Session::try_start(forced) {
+            Ok(s) => s,
+            Err(e) => {
+                assert!(
+                    !expected.contains(&hook),
+                    "{hook:?} must work on this kernel: {e:#}"
+                );
+                let message = format!("{e:#}");
+                assert!(
+                    message.contains("does not work on this kernel"),
+                    "{message}"
+                );
+                continue;
+            }
+        };
+        assert_eq!(s.probes.queue_hook(), hook);
+        s.probes.watch_pid(server.pid).unwrap();
+        s.sync();
+        // Tells the kernel the server owns its listening port.
+        stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
 
-    // Prompt: each connection is accepted right after it queued.
-    server.accept_queued(5, false, "accept4");
-    s.collect();
-    let prompt = s
-        .table
-        .get(server.pid)
-        .unwrap()
-        .activity
-        .accept_queue
-        .total
-        .summary();
-    assert_eq!(prompt.count, 5);
-    assert!(
-        prompt.max_ns < 100_000_000,
-        "a prompt accept waited {}ns",
-        prompt.max_ns
-    );
+        // Prompt: each connection is accepted right after it queued.
+        server.accept_queued(5, false, "accept4");
+        // Unix sockets have no TCP handshake: counted as accepts, no queue wait.
+        server.accept_queued(2, true, "accept");
+        s.collect();
+        let a = &s.table.get(server.pid).unwrap().activity;
+        assert_eq!(a.accept.total.count(), 7, "{hook:?}");
+        let prompt = a.accept_queue.total.summary();
+        assert_eq!(prompt.count, 5, "{hook:?}");
+        assert!(
+            prompt.max_ns < 100_000_000,
+            "{hook:?}: a prompt accept waited {}ns",
+            prompt.max_ns
+        );
 
-    // Slow: the connection waits 300 ms in the queue.
-    let mut c = std::net::TcpStream::connect(&server.tcp).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    server.send("accept 1 tcp accept4");
-    read_byte_then_eof(&mut c);
-    server.wait_accepted(1);
-    s.collect();
-    let all = &s.table.get(server.pid).unwrap().activity.accept_queue.total;
-    assert_eq!(all.count(), 6);
-    let slow = all.summary().max_ns;
-    assert!(
-        (300_000_000..2_000_000_000).contains(&slow),
-        "the queued connection waited {slow}ns"
+        // Slow: the connection waits 300 ms in the queue.
+        let mut c = std::net::TcpStream::connect(&server.tcp).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        server.send("accept 1 tcp accept4");
+        read_byte_then_eof(&mut c);
+        server.wait_accepted(1);
+        s.collect();
+        let all = &s.table.get(server.pid).unwrap().activity.accept_queue.total;
+        assert_eq!(all.count(), 6, "{hook:?}");
+        let slow = all.summary().max_ns;
+        assert!(
+            (300_000_000..2_000_000_000).contains(&slow),
+            "{hook:?}: the queued connection waited {slow}ns"
+        );
+        let costs: Vec<String> = s
+            .probes
+            .costs()
+            .unwrap()
+            .iter()
+            .filter(|c| c.runs > 0)
+            .filter(|c| c.program.starts_with("accept_exit") || c.program.starts_with("inet_csk"))
+            .map(|c| format!("{} {:.0} ns×{}", c.program, c.ns_per_run(), c.runs))
+            .collect();
+        // One line per rung: cargo xtask vm-test puts it in its table.
+        eprintln!("queue hook cost {hook:?}: {}", costs.join(", "));
+        worked.push(hook);
+        drop(s);
+        server.stop();
+    }
+    for hook in &expected {
+        assert!(worked.contains(hook), "{hook:?} did not work: {worked:?}");
+    }
+    let s = Session::start();
+    assert_eq!(
+        s.probes.queue_hook(),
+        worked[0],
+        "the default is the best that works"
     );
-    server.stop();
 }
 
 #[test]

@@ -34,10 +34,25 @@ pub const EXIT_TRACEPOINTS: [&str; 2] = ["sys_exit_accept", "sys_exit_accept4"];
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AcceptStart {
     pub start_ns: u64,
+    /// The `struct sock` `inet_csk_accept` returned inside this accept, when
+    /// a kernel_clone-style hook on it is attached (0: not seen).
+    pub sk: u64,
     pub tid: u32,
     /// Explicit so the type has no implicit padding.
     pub _pad: u32,
 }
+
+/// One-entry array: [`SOCK_FROM_HOOK`] when the hook on `inet_csk_accept`
+/// is attached and fills [`AcceptStart::sk`], so the exit skips the fd walk.
+pub const ACCEPT_CONFIG_MAP: &str = "ACCEPT_CONFIG";
+pub const SOCK_FROM_HOOK: u32 = 1;
+/// The kernel function that hands a TCP listener's queued connection over.
+pub const INET_CSK_ACCEPT: &str = "inet_csk_accept";
+/// fexit programs by the number of arguments `inet_csk_accept` takes (its
+/// return value follows them in the context): 4 before 6.10, 2 since.
+pub const FEXIT_PROGRAMS: [(u32, &str); 2] =
+    [(4, "inet_csk_accept_fexit4"), (2, "inet_csk_accept_fexit2")];
+pub const KRETPROBE_PROGRAM: &str = "inet_csk_accept_kretprobe";
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

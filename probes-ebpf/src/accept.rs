@@ -7,13 +7,13 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
         bpf_probe_read_kernel,
     },
-    macros::{map, tracepoint},
+    macros::{fexit, kretprobe, map, tracepoint},
     maps::Array,
-    programs::TracePointContext,
+    programs::{FExitContext, RetProbeContext, TracePointContext},
 };
 use probes_common::{
     DEFAULT_SLOTS,
-    accept::{AcceptEvent, AcceptStart, QUEUE_WAIT_UNKNOWN},
+    accept::{AcceptEvent, AcceptStart, QUEUE_WAIT_UNKNOWN, SOCK_FROM_HOOK},
     event::EventKind,
     overflow::OverflowMetric,
     stats::Stat,
@@ -23,6 +23,10 @@ use crate::{events, overflow, slots, sock, watch::is_watched};
 
 #[map]
 static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+/// Set by userspace once it has attached a hook on inet_csk_accept.
+#[map]
+static ACCEPT_CONFIG: Array<u32> = Array::with_max_entries(1, 0);
+
 #[unsafe(no_mangle)]
 static ACCEPT_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
 
@@ -81,7 +85,45 @@ pub fn accept_enter(_ctx: TracePointContext) -> u32 {
         events::count(Stat::AcceptSlotShared);
     }
     slot.tid = tid;
+    slot.sk = 0;
     slot.start_ns = unsafe { bpf_ktime_get_ns() };
+    0
+}
+
+/// Notes the socket inet_csk_accept hands over in the current thread's
+/// accept, if a watched one is in flight.
+#[inline(always)]
+fn note_accepted(sk: u64) {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if let Some(slot) = slot(tid)
+        && slot.start_ns != 0
+        && slot.tid == tid
+    {
+        slot.sk = sk;
+    }
+}
+
+// In an fexit context the return value follows the arguments, and the
+// verifier takes only constant context offsets: one program per signature
+// (userspace loads the one this kernel's BTF names).
+
+/// `inet_csk_accept(sk, flags, err, kern)`, before 6.10.
+#[fexit(function = "inet_csk_accept")]
+pub fn inet_csk_accept_fexit4(ctx: FExitContext) -> u32 {
+    note_accepted(ctx.arg(4));
+    0
+}
+
+/// `inet_csk_accept(sk, arg)`, since 6.10.
+#[fexit(function = "inet_csk_accept")]
+pub fn inet_csk_accept_fexit2(ctx: FExitContext) -> u32 {
+    note_accepted(ctx.arg(2));
+    0
+}
+
+#[kretprobe]
+pub fn inet_csk_accept_kretprobe(ctx: RetProbeContext) -> u32 {
+    note_accepted(ctx.ret::<u64>());
     0
 }
 
@@ -98,6 +140,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let start_ns = slot.start_ns;
+    let hooked_sk = slot.sk;
     slot.start_ns = 0;
     let now = unsafe { bpf_ktime_get_ns() };
     let Ok(ret) = (unsafe { ctx.read_at::<i64>(ACCEPT_EXIT_RET_OFFSET.load() as usize) }) else {
@@ -107,7 +150,15 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         // EAGAIN from a non-blocking listener, EINTR, ...: no connection was accepted.
         return 0;
     }
-    let queue_wait_ns = sock_of_fd(ret as u32)
+    // With the hook on inet_csk_accept, the socket is known (0 for a unix
+    // accept, which never passes there); else it is found through the fd.
+    let from_hook = ACCEPT_CONFIG.get(0).is_some_and(|c| *c == SOCK_FROM_HOOK);
+    let sk = if from_hook {
+        (hooked_sk != 0).then_some(hooked_sk)
+    } else {
+        sock_of_fd(ret as u32)
+    };
+    let queue_wait_ns = sk
         .and_then(sock::take_established)
         .map_or(QUEUE_WAIT_UNKNOWN, |at| now.saturating_sub(at));
     let tgid = (pid_tgid >> 32) as u32;

@@ -115,6 +115,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             force: false,
             probe_cost: false,
             fork_hook: None,
+            queue_hook: None,
         },
         Hooks {
             on_attached: Some(Box::new(move || {

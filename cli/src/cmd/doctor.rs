@@ -7,7 +7,7 @@ use std::fs;
 
 use anyhow::{Result, bail};
 
-use crate::probes::{Options, Probes, fork::ForkHook, preflight};
+use crate::probes::{Options, Probes, accept::QueueHook, fork::ForkHook, preflight};
 
 enum Verdict {
     Ok,
@@ -38,16 +38,13 @@ fn from(result: Result<()>, ok: &str) -> Line {
 
 /// Metric → the hook `watch` uses for it on this kernel (`fork`: the rung
 /// it picked).
-fn ladder(fork: ForkHook) -> [(&'static str, &'static str); 5] {
+fn ladder(fork: ForkHook, queue: QueueHook) -> [(&'static str, &'static str); 5] {
     [
         (
             "accept latency",
             "tracepoints syscalls/sys_{enter,exit}_accept{,4}",
         ),
-        (
-            "accept-queue wait",
-            "tracepoint exit + fd → socket walk, joined with sock/inet_sock_set_state (fexit on inet_csk_accept: not implemented)",
-        ),
+        ("accept-queue wait", queue.describe()),
         ("fork latency", fork.describe()),
         (
             "process lifecycle",
@@ -75,11 +72,11 @@ pub fn run() -> Result<()> {
         bpffs(),
     ];
     let mut usable = lines.iter().all(|l| !matches!(l.verdict, Verdict::Fail));
-    let mut fork_hook = None;
+    let mut hooks_used = None;
     if usable {
         match Probes::load(Options::default()) {
             Ok(mut probes) => {
-                fork_hook = Some(probes.fork_hook());
+                hooks_used = Some((probes.fork_hook(), probes.queue_hook()));
                 lines.push(line(
                     Verdict::Ok,
                     "tracefs and tracepoints: every probe loaded and attached; BTF offsets checked on a test connection of stackprobe's own",
@@ -105,6 +102,25 @@ pub fn run() -> Result<()> {
                         Err(e) => line(
                             Verdict::Note,
                             format!("fork hook {}: not available here ({e:#})", rung.describe()),
+                        ),
+                    });
+                }
+                for rung in QueueHook::LADDER {
+                    let forced = Options {
+                        queue_hook: Some(rung),
+                        ..Options::default()
+                    };
+                    lines.push(match Probes::load(forced) {
+                        Ok(_) => line(
+                            Verdict::Ok,
+                            format!("accept-queue hook {}: attaches", rung.describe()),
+                        ),
+                        Err(e) => line(
+                            Verdict::Note,
+                            format!(
+                                "accept-queue hook {}: not available here ({e:#})",
+                                rung.describe()
+                            ),
                         ),
                     });
                 }
@@ -142,11 +158,11 @@ pub fn run() -> Result<()> {
     if !usable {
         bail!("stackprobe watch cannot run here: fix the FAIL lines above");
     }
-    let Some(fork_hook) = fork_hook else {
+    let Some((fork_hook, queue_hook)) = hooks_used else {
         bail!("stackprobe watch cannot run here: the probes did not load");
     };
     println!("hooks watch uses on this kernel:");
-    for (metric, hook) in ladder(fork_hook) {
+    for (metric, hook) in ladder(fork_hook, queue_hook) {
         println!("  {metric:<18} {hook}");
     }
     Ok(())

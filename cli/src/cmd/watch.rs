@@ -79,6 +79,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     let mut probes = Probes::load(Options {
         probe_cost: args.probe_cost,
         fork_hook: args.fork_hook,
+        queue_hook: args.queue_hook,
     })?;
     probes.watch_names(&selector.kernel_comm_keys())?;
     for &pid in selector.pids() {

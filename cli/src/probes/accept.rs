@@ -1,20 +1,55 @@
 //! Userspace side of the accept probe (kernel side: probes-ebpf/src/accept.rs):
-//! setup before load, attachment, and decoding its events.
+//! setup before load, the choice of hook for the accept-queue wait,
+//! attachment, and decoding its events.
 
-use anyhow::Result;
-use aya::Ebpf;
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Btf, Ebpf,
+    maps::Array,
+    programs::{FExit, KProbe},
+};
 use probes_common::accept::{
-    ACCEPT_START_MAP, AcceptEvent, ENTER_PROGRAM, ENTER_TRACEPOINTS, EXIT_PROGRAM,
-    EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FD_WALK_GLOBALS, QUEUE_WAIT_UNKNOWN,
+    ACCEPT_CONFIG_MAP, ACCEPT_START_MAP, AcceptEvent, ENTER_PROGRAM, ENTER_TRACEPOINTS,
+    EXIT_PROGRAM, EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FD_WALK_GLOBALS, FEXIT_PROGRAMS,
+    INET_CSK_ACCEPT, KRETPROBE_PROGRAM, QUEUE_WAIT_UNKNOWN, SOCK_FROM_HOOK,
 };
 
 use super::{
     btf::KernelBtf,
     events::{comm_to_string, read_record},
-    loader::{Setup, attach_tracepoints},
+    loader::{Setup, attach_tracepoints, program},
     tracefs::Tracefs,
 };
 use crate::model::event::AcceptSample;
+
+/// How the accept probe finds the socket an accept returned, to look up
+/// when its handshake completed (the accept-queue wait), best first. Accept
+/// latency itself always comes from the syscall tracepoints, which see unix
+/// sockets too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QueueHook {
+    /// fexit on inet_csk_accept: the socket is its return value.
+    Fexit,
+    /// kretprobe on inet_csk_accept.
+    Kretprobe,
+    /// From the accepted fd: task → files → fdtable → file → socket → sock,
+    /// six kernel reads at BTF offsets in the tracepoint exit.
+    FdWalk,
+}
+
+impl QueueHook {
+    pub const LADDER: [QueueHook; 3] = [Self::Fexit, Self::Kretprobe, Self::FdWalk];
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Fexit => "fexit on inet_csk_accept, joined with sock/inet_sock_set_state",
+            Self::Kretprobe => "kretprobe on inet_csk_accept, joined with sock/inet_sock_set_state",
+            Self::FdWalk => {
+                "tracepoint exit + fd → socket walk, joined with sock/inet_sock_set_state"
+            }
+        }
+    }
+}
 
 /// The `ret` offset from this kernel's tracepoint layouts (one program serves
 /// accept and accept4, so their layouts must agree), and the in-flight slots.
@@ -35,9 +70,93 @@ pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
     })
 }
 
-pub fn attach(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> {
+/// Attaches the accept tracepoints, then the best queue hook this kernel
+/// offers (or only `wanted`), and says which.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    tracefs: &Tracefs,
+    btf: &Btf,
+    kernel_btf: &KernelBtf,
+    wanted: Option<QueueHook>,
+) -> Result<QueueHook> {
     attach_tracepoints(ebpf, tracefs, ENTER_PROGRAM, "syscalls", &ENTER_TRACEPOINTS)?;
-    attach_tracepoints(ebpf, tracefs, EXIT_PROGRAM, "syscalls", &EXIT_TRACEPOINTS)
+    attach_tracepoints(ebpf, tracefs, EXIT_PROGRAM, "syscalls", &EXIT_TRACEPOINTS)?;
+    let rungs = match wanted {
+        Some(hook) => vec![hook],
+        None => QueueHook::LADDER.to_vec(),
+    };
+    let mut failures = Vec::new();
+    for rung in rungs {
+        let attached = match rung {
+            QueueHook::Fexit => attach_fexit(ebpf, btf, kernel_btf),
+            QueueHook::Kretprobe => attach_kretprobe(ebpf),
+            QueueHook::FdWalk => return Ok(rung),
+        };
+        match attached.and_then(|()| use_hook(ebpf)) {
+            Ok(()) => return Ok(rung),
+            Err(e) => {
+                unload(ebpf, rung);
+                failures.push(format!("{e:#}"));
+            }
+        }
+    }
+    Err(anyhow!(
+        "the accept-queue hook {} does not work on this kernel: {}",
+        wanted.map_or("(any)", QueueHook::describe),
+        failures.join("; ")
+    ))
+}
+
+/// The fexit program for this kernel's signature of inet_csk_accept.
+fn fexit_program(kernel_btf: &KernelBtf) -> Result<&'static str> {
+    let args = kernel_btf.func_param_count(INET_CSK_ACCEPT)?;
+    FEXIT_PROGRAMS
+        .iter()
+        .find(|(n, _)| *n == args)
+        .map(|(_, name)| *name)
+        .ok_or_else(|| anyhow!("{INET_CSK_ACCEPT} takes {args} arguments here, a signature stackprobe does not know"))
+}
+
+fn attach_fexit(ebpf: &mut Ebpf, btf: &Btf, kernel_btf: &KernelBtf) -> Result<()> {
+    let p: &mut FExit = program(ebpf, fexit_program(kernel_btf)?)?;
+    p.load(INET_CSK_ACCEPT, btf).context("loading fexit")?;
+    p.attach().context("attaching fexit")?;
+    Ok(())
+}
+
+fn attach_kretprobe(ebpf: &mut Ebpf) -> Result<()> {
+    let p: &mut KProbe = program(ebpf, KRETPROBE_PROGRAM)?;
+    p.load().context("loading the kretprobe")?;
+    p.attach(INET_CSK_ACCEPT, 0)
+        .context("attaching the kretprobe")?;
+    Ok(())
+}
+
+/// Tells the exit program to take the socket from the hook.
+fn use_hook(ebpf: &mut Ebpf) -> Result<()> {
+    let map = ebpf
+        .map_mut(ACCEPT_CONFIG_MAP)
+        .ok_or_else(|| anyhow!("the probes lack {ACCEPT_CONFIG_MAP}"))?;
+    let mut config: Array<_, u32> = Array::try_from(map)?;
+    Ok(config.set(0, SOCK_FROM_HOOK, 0)?)
+}
+
+fn unload(ebpf: &mut Ebpf, rung: QueueHook) {
+    match rung {
+        QueueHook::Fexit => {
+            for (_, name) in FEXIT_PROGRAMS {
+                if let Ok(p) = program::<FExit>(ebpf, name) {
+                    let _ = p.unload();
+                }
+            }
+        }
+        QueueHook::Kretprobe => {
+            if let Ok(p) = program::<KProbe>(ebpf, KRETPROBE_PROGRAM) {
+                let _ = p.unload();
+            }
+        }
+        QueueHook::FdWalk => {}
+    }
 }
 
 pub fn decode(bytes: &[u8]) -> Option<AcceptSample> {

@@ -10,6 +10,8 @@ use anyhow::{Context as _, Result, anyhow, bail};
 const MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_FUNC: u32 = 12;
+const KIND_FUNC_PROTO: u32 = 13;
 
 #[derive(Clone, Debug)]
 struct Member {
@@ -29,6 +31,8 @@ struct Type {
     size_or_type: u32,
     /// Struct and union members; empty for other kinds.
     members: Vec<Member>,
+    /// Members, enumerators or (for function prototypes) parameters.
+    vlen: u32,
 }
 
 pub struct KernelBtf {
@@ -84,6 +88,7 @@ impl KernelBtf {
             name: String::new(),
             size_or_type: 0,
             members: Vec::new(),
+            vlen: 0,
         }];
         let mut at = 0;
         while at < types_data.len() {
@@ -116,13 +121,13 @@ impl KernelBtf {
                     }
                     vlen * 12
                 }
-                6 => vlen * 8,             // ENUM
-                13 => vlen * 8,            // FUNC_PROTO
-                14 => 4,                   // VAR
-                15 => vlen * 12,           // DATASEC
-                17 => 4,                   // DECL_TAG
-                19 => vlen * 12,           // ENUM64
-                2 | 7..=12 | 16 | 18 => 0, // PTR FWD TYPEDEF VOLATILE CONST RESTRICT FUNC FLOAT TYPE_TAG
+                6 => vlen * 8, // ENUM
+                KIND_FUNC_PROTO => vlen * 8,
+                14 => 4,                               // VAR
+                15 => vlen * 12,                       // DATASEC
+                17 => 4,                               // DECL_TAG
+                19 => vlen * 12,                       // ENUM64
+                2 | 7..=11 | KIND_FUNC | 16 | 18 => 0, // PTR FWD TYPEDEF VOLATILE CONST RESTRICT FUNC FLOAT TYPE_TAG
                 other => bail!("unknown BTF kind {other}"),
             };
             at += extra;
@@ -131,6 +136,7 @@ impl KernelBtf {
                 name: string_at(strings, name_off)?,
                 size_or_type,
                 members,
+                vlen: vlen as u32,
             });
         }
         let structs = types
@@ -140,6 +146,22 @@ impl KernelBtf {
             .map(|(id, t)| (t.name.clone(), id as u32))
             .collect();
         Ok(Self { types, structs })
+    }
+
+    /// How many parameters the kernel function `name` takes (signatures
+    /// change between kernels: `inet_csk_accept` lost two in 6.10).
+    pub fn func_param_count(&self, name: &str) -> Result<u32> {
+        let func = self
+            .types
+            .iter()
+            .find(|t| t.kind == KIND_FUNC && t.name == name)
+            .ok_or_else(|| anyhow!("the kernel's BTF has no function {name}"))?;
+        let proto = self
+            .types
+            .get(func.size_or_type as usize)
+            .filter(|t| t.kind == KIND_FUNC_PROTO)
+            .ok_or_else(|| anyhow!("function {name} has no prototype in the kernel's BTF"))?;
+        Ok(proto.vlen)
     }
 
     /// Where in the BTF blob the offset of `struct name`'s direct member
@@ -335,6 +357,9 @@ mod tests {
             .unwrap();
         assert!(family < 24, "{family}");
         assert!(btf.member_offset("task_struct", "files").is_ok());
+        let accept_args = btf.func_param_count("inet_csk_accept").unwrap();
+        assert!([2, 4].contains(&accept_args), "{accept_args}");
+        assert!(btf.func_param_count("no_such_function").is_err());
         assert!(btf.member_offset("file", "private_data").is_ok());
     }
 }

@@ -17,7 +17,7 @@ use probes_common::fork::{
 use super::{
     btf::KernelBtf,
     events::{comm_to_string, read_record},
-    loader::{Setup, attach_tracepoints},
+    loader::{Setup, attach_tracepoints, program},
     tracefs::Tracefs,
 };
 use crate::model::event::{ForkSample, TaskKind};
@@ -185,16 +185,6 @@ fn unload(ebpf: &mut Ebpf, rung: ForkHook) {
             }
         }
     }
-}
-
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
-where
-    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
-{
-    let program = ebpf
-        .program_mut(name)
-        .ok_or_else(|| anyhow!("the eBPF object lacks {name}"))?;
-    Ok(program.try_into()?)
 }
 
 pub fn decode(bytes: &[u8]) -> Option<ForkSample> {

@@ -3,11 +3,13 @@
 //! detaches them. (`watch` itself needs only tracepoints and iter/tcp, which
 //! loading the probes proves.)
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result};
 use aya::{
     Btf, Ebpf,
     programs::{BtfTracePoint, FEntry, KProbe},
 };
+
+use super::loader::program;
 
 /// A hook, what it was tried on, and whether it worked (the error if not).
 pub struct HookCheck {
@@ -34,16 +36,6 @@ pub fn check(ebpf: &mut Ebpf, btf: &Btf) -> Vec<HookCheck> {
             result: kprobe(ebpf),
         },
     ]
-}
-
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
-where
-    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
-{
-    let program = ebpf
-        .program_mut(name)
-        .ok_or_else(|| anyhow!("the eBPF object lacks {name}"))?;
-    Ok(program.try_into()?)
 }
 
 fn tp_btf(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {

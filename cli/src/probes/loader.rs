@@ -20,8 +20,8 @@ use probes_common::{
 };
 
 use super::{
-    accept, btf::KernelBtf, fork, fork::ForkHook, overflow::Overflow, preflight, self_check, sock,
-    tracefs::Tracefs, watch, watch::WatchSet,
+    accept, accept::QueueHook, btf::KernelBtf, fork, fork::ForkHook, overflow::Overflow, preflight,
+    self_check, sock, tracefs::Tracefs, watch, watch::WatchSet,
 };
 use crate::{
     model::{
@@ -40,6 +40,8 @@ pub struct Options {
     pub probe_cost: bool,
     /// Use this fork hook or fail, instead of the best one the kernel offers.
     pub fork_hook: Option<ForkHook>,
+    /// Likewise for the accept-queue wait's hook.
+    pub queue_hook: Option<QueueHook>,
 }
 
 /// What one probe needs set before load: globals and map sizes.
@@ -54,6 +56,7 @@ pub struct Probes {
     ebpf: Ebpf,
     overflow: Overflow,
     fork_hook: ForkHook,
+    queue_hook: QueueHook,
     _stats: Option<OwnedFd>,
 }
 
@@ -96,7 +99,8 @@ impl Probes {
         // followed before any accept is timed.
         watch::attach(&mut ebpf, &tracefs)?;
         let fork_hook = fork::attach(&mut ebpf, &tracefs, &btf, options.fork_hook)?;
-        accept::attach(&mut ebpf, &tracefs)?;
+        let queue_hook =
+            accept::attach(&mut ebpf, &tracefs, &btf, &kernel_btf, options.queue_hook)?;
         sock::load(&mut ebpf, &btf)?;
         sock::attach(&mut ebpf, &tracefs)?;
         self_check::run(&mut ebpf, &watch_set)?;
@@ -108,6 +112,7 @@ impl Probes {
             ebpf,
             overflow: Overflow::default(),
             fork_hook,
+            queue_hook,
             _stats: stats,
         })
     }
@@ -115,6 +120,11 @@ impl Probes {
     /// The hook fork latency comes from on this kernel.
     pub fn fork_hook(&self) -> ForkHook {
         self.fork_hook
+    }
+
+    /// How the accept probe finds an accepted socket on this kernel.
+    pub fn queue_hook(&self) -> QueueHook {
+        self.queue_hook
     }
 
     /// Tries the optional hooks (tp_btf, fentry, kprobe) on this kernel.
@@ -230,6 +240,17 @@ pub fn slot_count(pid_max: u32) -> u32 {
         .checked_next_power_of_two()
         .unwrap_or(u32::MAX)
         .min(MAX_SLOTS)
+}
+
+/// The program `name` of the object, as its type `T`.
+pub(super) fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let program = ebpf
+        .program_mut(name)
+        .ok_or_else(|| anyhow!("the eBPF object lacks {name}"))?;
+    Ok(program.try_into()?)
 }
 
 /// Loads `program` and attaches it to each `category/event`, saying which

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use stackprobe::{
     model::process::{LiveProcess, ProcessTable},
-    probes::{Options, Probes, events::EventStream, fork::ForkHook},
+    probes::{Options, Probes, accept::QueueHook, events::EventStream, fork::ForkHook},
     procfs,
 };
 
@@ -297,6 +297,16 @@ pub const PROGRAM_NAMES: [&str; 7] = [
     "watch_exit",
 ];
 
+/// The program of each accept-queue rung but the fd walk's (which is the
+/// accept exit's own), truncated alike.
+pub fn queue_program_names(hook: QueueHook) -> &'static [&'static str] {
+    match hook {
+        // inet_csk_accept_fexit and inet_csk_accept_kretprobe.
+        QueueHook::Fexit | QueueHook::Kretprobe => &["inet_csk_accept"],
+        QueueHook::FdWalk => &[],
+    }
+}
+
 /// The programs of each fork rung.
 pub fn fork_program_names(hook: ForkHook) -> &'static [&'static str] {
     match hook {
@@ -321,6 +331,9 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
                     || ForkHook::LADDER
                         .iter()
                         .any(|&h| fork_program_names(h).contains(&n))
+                    || QueueHook::LADDER
+                        .iter()
+                        .any(|&h| queue_program_names(h).contains(&n))
             })
         })
         .map(|p| p.id())
