@@ -55,15 +55,7 @@ fn after_attaching_only_the_needed_capabilities_are_left_and_other_users_process
         .args([LOOPBACK, "serve"]);
     let mut server = Server::start_command(cmd, None);
     let pid = server.pid;
-    let mut sp = Running::start(&[
-        "watch",
-        "--pid",
-        &pid.to_string(),
-        "--json",
-        "--interval",
-        "200ms",
-    ]);
-    sp.wait_stderr("probes attached");
+    let sp = Running::watch_json(pid, "200ms");
     let caps = capabilities(sp.child.id());
     let kept = privileges::kept_mask();
     for (name, mask) in &caps {
@@ -251,15 +243,7 @@ fn a_watched_pid_that_dies_is_reported_exited_and_the_run_goes_on() {
     require_root();
     let mut server = Server::start(None);
     let pid = server.pid;
-    let mut sp = Running::start(&[
-        "watch",
-        "--pid",
-        &pid.to_string(),
-        "--json",
-        "--interval",
-        "200ms",
-    ]);
-    sp.wait_stderr("probes attached");
+    let mut sp = Running::watch_json(pid, "200ms");
     server.accept_queued(4, false, "accept");
     // SIGKILL: no chance to close anything politely.
     server.child.kill().unwrap();

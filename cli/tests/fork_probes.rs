@@ -193,20 +193,9 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
             probe_cost: true,
             ..Options::default()
         };
-        let mut s = match Session::try_start(forced) {
-            Ok(s) => s,
-            Err(e) => {
-                assert!(
-                    !expected.contains(&hook),
-                    "{hook:?} must work on this kernel: {e:#}"
-                );
-                let message = format!("{e:#}");
-                assert!(
-                    message.contains("does not work on this kernel"),
-                    "{message}"
-                );
-                continue;
-            }
+        let Some(mut s) = forced_session(forced, &format!("{hook:?}"), expected.contains(&hook))
+        else {
+            continue;
         };
         assert_eq!(s.probes.fork_hook(), hook);
         s.probes.watch_pid(server.pid).unwrap();
@@ -236,22 +225,10 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
             fork.min_ns > 0 && fork.max_ns < 1_000_000_000,
             "{hook:?}: {fork:?}"
         );
-        let costs: Vec<String> = s
-            .probes
-            .costs()
-            .unwrap()
-            .iter()
-            .filter(|c| {
-                fork_program_names(hook)
-                    .iter()
-                    .any(|n| c.program.starts_with(n))
-            })
-            .map(|c| format!("{} {:.0} ns×{}", c.program, c.ns_per_run(), c.runs))
-            .collect();
         // One line per rung: cargo xtask vm-test puts it in its table.
         eprintln!(
             "fork hook cost {hook:?}: {} (fork p50 {} ns)",
-            costs.join(", "),
+            rung_costs(&s, fork_program_names(hook)),
             fork.p50_ns
         );
         worked.push(hook);

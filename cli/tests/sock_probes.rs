@@ -271,20 +271,9 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
             probe_cost: true,
             ..Options::default()
         };
-        let mut s = match Session::try_start(forced) {
-            Ok(s) => s,
-            Err(e) => {
-                assert!(
-                    !expected.contains(&hook),
-                    "{hook:?} must work on this kernel: {e:#}"
-                );
-                let message = format!("{e:#}");
-                assert!(
-                    message.contains("does not work on this kernel"),
-                    "{message}"
-                );
-                continue;
-            }
+        let Some(mut s) = forced_session(forced, &format!("{hook:?}"), expected.contains(&hook))
+        else {
+            continue;
         };
         assert_eq!(s.probes.queue_hook(), hook);
         s.probes.watch_pid(server.pid).unwrap();
@@ -321,17 +310,11 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
             (300_000_000..2_000_000_000).contains(&slow),
             "{hook:?}: the queued connection waited {slow}ns"
         );
-        let costs: Vec<String> = s
-            .probes
-            .costs()
-            .unwrap()
-            .iter()
-            .filter(|c| c.runs > 0)
-            .filter(|c| c.program.starts_with("accept_exit") || c.program.starts_with("inet_csk"))
-            .map(|c| format!("{} {:.0} ns×{}", c.program, c.ns_per_run(), c.runs))
-            .collect();
         // One line per rung: cargo xtask vm-test puts it in its table.
-        eprintln!("queue hook cost {hook:?}: {}", costs.join(", "));
+        eprintln!(
+            "queue hook cost {hook:?}: {}",
+            rung_costs(&s, &["accept_exit", "inet_csk"])
+        );
         worked.push(hook);
         drop(s);
         server.stop();

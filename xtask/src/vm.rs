@@ -312,12 +312,10 @@ impl Kernel {
         })
     }
 
-    /// A busybox initramfs with the modules that 9p needs, built once.
+    /// A busybox initramfs with the modules that 9p needs (rebuilt each
+    /// run: under a second, and /init follows the workspace's path).
     fn initramfs(&self) -> Result<PathBuf> {
         let out = self.dir.join("initramfs.cpio");
-        if out.exists() {
-            return Ok(out);
-        }
         let staging = self.dir.join("initramfs");
         let _ = fs::remove_dir_all(&staging);
         for d in ["bin", "mods", "proc", "sys", "dev", "newroot"] {
@@ -510,7 +508,11 @@ $B mount -t sysfs sys /sys
 $B mount -t devtmpfs dev /dev
 {insmods}R=/newroot
 $B mount -t tmpfs -o size=1g tmpfs $R
-$B mkdir -p $R/usr $R/etc $R/proc $R/sys $R/dev $R/tmp $R/run $R/root $R/vmshare $R{ws}
+$B mkdir -p $R/usr $R/etc $R/proc $R/sys $R/dev $R/tmp $R/run $R/root $R/vmshare
+# /tmp and /run first: the workspace may live under /tmp (CI's clones do).
+$B mount -t tmpfs tmpfs $R/tmp
+$B mount -t tmpfs tmpfs $R/run
+$B mkdir -p $R{ws}
 P="-t 9p -o trans=virtio,version=9p2000.L,msize=512000"
 $B mount $P,ro usr $R/usr
 $B mount $P,ro etc $R/etc
@@ -546,8 +548,6 @@ fn guest_script(binaries: &[PathBuf], spec: &KernelSpec) -> String {
         .collect();
     format!(
         r#"#!/bin/sh
-mount -t tmpfs tmpfs /tmp
-mount -t tmpfs tmpfs /run
 ip link set lo up
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin HOME=/root
 export STACKPROBE_EXPECT_FORK_HOOKS={fork_hooks} STACKPROBE_EXPECT_QUEUE_HOOKS={queue_hooks}

@@ -94,35 +94,14 @@ pub fn run() -> Result<()> {
                         fork_hook: Some(rung),
                         ..Options::default()
                     };
-                    lines.push(match Probes::load(forced) {
-                        Ok(_) => line(
-                            Verdict::Ok,
-                            format!("fork hook {}: attaches", rung.describe()),
-                        ),
-                        Err(e) => line(
-                            Verdict::Note,
-                            format!("fork hook {}: not available here ({e:#})", rung.describe()),
-                        ),
-                    });
+                    lines.push(try_forced("fork hook", rung.describe(), forced));
                 }
                 for rung in QueueHook::LADDER {
                     let forced = Options {
                         queue_hook: Some(rung),
                         ..Options::default()
                     };
-                    lines.push(match Probes::load(forced) {
-                        Ok(_) => line(
-                            Verdict::Ok,
-                            format!("accept-queue hook {}: attaches", rung.describe()),
-                        ),
-                        Err(e) => line(
-                            Verdict::Note,
-                            format!(
-                                "accept-queue hook {}: not available here ({e:#})",
-                                rung.describe()
-                            ),
-                        ),
-                    });
+                    lines.push(try_forced("accept-queue hook", rung.describe(), forced));
                 }
                 let mut probes = Probes::load(Options::default())?;
                 for check in probes.check_hooks()? {
@@ -166,6 +145,17 @@ pub fn run() -> Result<()> {
         println!("  {metric:<18} {hook}");
     }
     Ok(())
+}
+
+/// Loads the probes with one rung of a ladder forced: does it work here?
+fn try_forced(ladder: &str, rung: &str, forced: Options) -> Line {
+    match Probes::load(forced) {
+        Ok(_) => line(Verdict::Ok, format!("{ladder} {rung}: attaches")),
+        Err(e) => line(
+            Verdict::Note,
+            format!("{ladder} {rung}: not available here ({e:#})"),
+        ),
+    }
 }
 
 fn unprivileged_bpf() -> Line {

@@ -285,6 +285,37 @@ pub fn read_byte_then_eof(s: &mut dyn Read) {
     );
 }
 
+/// Probes loaded with one rung of a ladder forced, or None where this
+/// kernel lacks it; then the rung must not be one `expected` to work, and
+/// the error must say the kernel lacks it.
+pub fn forced_session(options: Options, rung: &str, expected: bool) -> Option<Session> {
+    match Session::try_start(options) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            assert!(!expected, "{rung} must work on this kernel: {e:#}");
+            let message = format!("{e:#}");
+            assert!(
+                message.contains("does not work on this kernel"),
+                "{message}"
+            );
+            None
+        }
+    }
+}
+
+/// What the programs whose names start with one of `prefixes` cost per
+/// run so far (loaded with `probe_cost`), for the rung comparisons.
+pub fn rung_costs(s: &Session, prefixes: &[&str]) -> String {
+    s.probes
+        .costs()
+        .unwrap()
+        .iter()
+        .filter(|c| c.runs > 0 && prefixes.iter().any(|p| c.program.starts_with(p)))
+        .map(|c| format!("{} {:.0} ns×{}", c.program, c.ns_per_run(), c.runs))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Names of stackprobe's kernel programs but the fork rungs' (as the kernel
 /// truncates them, to 15 bytes).
 pub const PROGRAM_NAMES: [&str; 7] = [
@@ -400,6 +431,14 @@ impl Running {
         let mut cmd = Command::new(STACKPROBE);
         cmd.args(args).stdout(Stdio::piped());
         Self::spawn(cmd)
+    }
+
+    /// `stackprobe watch --pid PID --json --interval INTERVAL`, attached.
+    pub fn watch_json(pid: u32, interval: &str) -> Self {
+        let pid = pid.to_string();
+        let mut sp = Self::start(&["watch", "--pid", &pid, "--json", "--interval", interval]);
+        sp.wait_stderr("probes attached");
+        sp
     }
 
     /// Runs `cmd` (its stdout as the caller set it) reading its stderr.
