@@ -49,6 +49,14 @@ fn json_mode_counts_a_servers_accepts_and_ctrl_c_leaves_nothing_loaded() {
     assert_eq!(s["total"], 18);
     assert_eq!(s["metric"], "accept_latency");
     assert_eq!(s["process"], "stackprobe-loop", "comm is cut to 15 bytes");
+    // This host refuses fentry and has no kprobes: the bottom rungs serve.
+    let hooks: Vec<(&str, &str)> = summary["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["metric"].as_str().unwrap(), h["hook"].as_str().unwrap()))
+        .collect();
+    assert_eq!(hooks, [("fork", "tracepoint"), ("accept_queue", "fd-walk")]);
     assert!(total <= 18, "intervals counted {total}");
     assert_eq!(summary["drops"], 0);
     let (min, p50, p99, max) = (

@@ -470,6 +470,7 @@ fn build_report(
     if probe_cost {
         report.probe_cost = probes.costs()?;
     }
+    report.hooks = probes.hooks_in_use();
     Ok(report)
 }
 

@@ -141,6 +141,20 @@ pub struct Report {
     pub probe_cost: Vec<ProgramCost>,
     /// What the numbers mean, when there is enough data (see `insights`).
     pub insights: Vec<String>,
+    /// The hook each metric with a choice of hooks comes from on this
+    /// kernel (set by the collector).
+    pub hooks: Vec<HookInUse>,
+}
+
+/// One rung of a hook ladder, as picked at load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HookInUse {
+    /// `fork` or `accept_queue`.
+    pub metric: &'static str,
+    /// Its short name (`fentry`, `fexit`, `tracepoint`, `fd-walk`, …).
+    pub hook: &'static str,
+    /// What it is, in words.
+    pub description: &'static str,
 }
 
 /// One latency metric over the period: its distribution (`count` is the
@@ -379,6 +393,7 @@ impl Report {
             tcp,
             probe_cost: Vec::new(),
             insights: Vec::new(),
+            hooks: Vec::new(),
         };
         report.insights = insights(&report);
         report

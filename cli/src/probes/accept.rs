@@ -40,6 +40,15 @@ pub enum QueueHook {
 impl QueueHook {
     pub const LADDER: [QueueHook; 3] = [Self::Fexit, Self::Kretprobe, Self::FdWalk];
 
+    /// As `--queue-hook` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fexit => "fexit",
+            Self::Kretprobe => "kretprobe",
+            Self::FdWalk => "fd-walk",
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             Self::Fexit => "fexit on inet_csk_accept, joined with sock/inet_sock_set_state",

@@ -38,6 +38,15 @@ pub enum ForkHook {
 impl ForkHook {
     pub const LADDER: [ForkHook; 3] = [Self::Fentry, Self::Kprobe, Self::Tracepoint];
 
+    /// As `--fork-hook` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fentry => "fentry",
+            Self::Kprobe => "kprobe",
+            Self::Tracepoint => "tracepoint",
+        }
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             Self::Fentry => "fentry/fexit on kernel_clone",

@@ -26,7 +26,7 @@ use super::{
 use crate::{
     model::{
         event::Event,
-        report::{Drops, LostEvents, ProgramCost},
+        report::{Drops, HookInUse, LostEvents, ProgramCost},
     },
     procfs,
 };
@@ -120,6 +120,22 @@ impl Probes {
     /// The hook fork latency comes from on this kernel.
     pub fn fork_hook(&self) -> ForkHook {
         self.fork_hook
+    }
+
+    /// The rung of each hook ladder in use, for reports.
+    pub fn hooks_in_use(&self) -> Vec<HookInUse> {
+        vec![
+            HookInUse {
+                metric: "fork",
+                hook: self.fork_hook.name(),
+                description: self.fork_hook.describe(),
+            },
+            HookInUse {
+                metric: "accept_queue",
+                hook: self.queue_hook.name(),
+                description: self.queue_hook.describe(),
+            },
+        ]
     }
 
     /// How the accept probe finds an accepted socket on this kernel.

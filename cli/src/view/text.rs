@@ -47,6 +47,11 @@ pub fn render(report: &Report) -> String {
     for insight in &report.insights {
         let _ = writeln!(out, "insight: {insight}");
     }
+    if report.kind == ReportKind::Summary {
+        for h in &report.hooks {
+            let _ = writeln!(out, "hook: {} from {}", h.metric, h.description);
+        }
+    }
     if report.processes.is_empty() {
         out.push_str("no accepts yet\n");
     } else {

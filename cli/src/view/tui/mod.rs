@@ -318,7 +318,7 @@ pub fn render(frame: &mut Frame, d: &Dashboard) {
     };
     frame.render_widget(Paragraph::new(hint).style(d.style(Color::DarkGray)), footer);
     if d.help {
-        render_help(frame, main);
+        render_help(frame, main, d.report.as_ref());
     }
 }
 
@@ -352,6 +352,10 @@ fn render_status(frame: &mut Frame, area: Rect, d: &Dashboard) {
         ),
     });
     spans.push(Span::raw(format!("  {cost}  cpu {:.1}%", s.cpu_percent)));
+    // The hooks this kernel gave: visible on wider terminals, and in the help.
+    if let Some(r) = d.report.as_ref().filter(|r| !r.hooks.is_empty()) {
+        spans.push(Span::raw(format!("  {}", hooks_line(r))));
+    }
     if d.paused {
         spans.push(Span::styled(
             "  PAUSED",
@@ -672,10 +676,24 @@ fn render_insights(frame: &mut Frame, area: Rect, d: &Dashboard) {
     );
 }
 
-fn render_help(frame: &mut Frame, area: Rect) {
-    let help = "q, Ctrl-C   quit\np           pause the view (collection goes on)\nr           reset histograms and counters\ns / S       next sort column / reverse\n/           filter roles by name\n↑ ↓         select a role\nx, ← →      show / hide the role's pids\nEnter, Tab  detail of the selected role\nEsc         back to the overview\n?           this help";
+/// `hooks fork:fentry accept_queue:fexit`.
+fn hooks_line(r: &Report) -> String {
+    let hooks: Vec<String> = r
+        .hooks
+        .iter()
+        .map(|h| format!("{}:{}", h.metric, h.hook))
+        .collect();
+    format!("hooks {}", hooks.join(" "))
+}
+
+fn render_help(frame: &mut Frame, area: Rect, report: Option<&Report>) {
+    let mut help = "q, Ctrl-C   quit\np           pause the view (collection goes on)\nr           reset histograms and counters\ns / S       next sort column / reverse\n/           filter roles by name\n↑ ↓         select a role\nx, ← →      show / hide the role's pids\nEnter, Tab  detail of the selected role\nEsc         back to the overview\n?           this help".to_string();
+    if let Some(r) = report.filter(|r| !r.hooks.is_empty()) {
+        help.push_str("\n\n");
+        help.push_str(&hooks_line(r));
+    }
     let w = area.width.min(54);
-    let h = area.height.min(11);
+    let h = area.height.min(14);
     let popup = Rect {
         x: area.x + (area.width - w) / 2,
         y: area.y + (area.height - h) / 2,
@@ -699,7 +717,7 @@ mod tests {
     use crate::model::{
         fixtures::{fork_per_connection, live},
         process::ProcessTable,
-        report::{Drops, ReportKind},
+        report::{Drops, HookInUse, ReportKind},
     };
 
     /// A postmaster that accepted 412 connections in a second and forked a
@@ -872,6 +890,39 @@ mod tests {
             screen(&d, 80, 24)
                 .0
                 .contains("reset histograms and counters")
+        );
+    }
+
+    #[test]
+    fn the_hooks_in_use_show_in_the_help_and_on_a_wide_status_bar() {
+        let mut d = Dashboard::new(false);
+        let mut r = report();
+        r.hooks = vec![
+            HookInUse {
+                metric: "fork",
+                hook: "fentry",
+                description: "fentry/fexit on kernel_clone",
+            },
+            HookInUse {
+                metric: "accept_queue",
+                hook: "fd-walk",
+                description: "tracepoint exit + fd → socket walk",
+            },
+        ];
+        d.update(r, status());
+        let (wide, _) = screen(&d, 140, 24);
+        assert!(
+            wide.lines()
+                .next()
+                .unwrap()
+                .contains("hooks fork:fentry accept_queue:fd-walk"),
+            "{wide}"
+        );
+        d.key(key('?'));
+        let (help, _) = screen(&d, 80, 24);
+        assert!(
+            help.contains("hooks fork:fentry accept_queue:fd-walk"),
+            "{help}"
         );
     }
 
