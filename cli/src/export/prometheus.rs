@@ -47,6 +47,7 @@ pub struct Snapshot {
     time_wait: Vec<(String, u64)>,
     drops: u64,
     lost: [(&'static str, u64); 6],
+    skipped: [(&'static str, u64); 6],
     uncounted: u64,
 }
 
@@ -96,6 +97,7 @@ impl Snapshot {
             time_wait: time_wait.into_iter().collect(),
             drops: report.drops,
             lost: report.drops_by_cause.lost.by_kind(),
+            skipped: report.drops_by_cause.skipped.by_kind(),
             uncounted: report.drops_by_cause.uncounted(),
         }
     }
@@ -158,6 +160,15 @@ impl Collector for Published {
         )?;
         for (kind, n) in s.lost {
             ConstGauge::new(n as i64).encode(lost.encode_family(&[("kind", kind)])?)?;
+        }
+        let mut skipped = encoder.encode_descriptor(
+            "stackprobe_skipped_runs",
+            "Probe runs the kernel skipped because a BPF program was already running on that CPU, by the kind of event lost",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (kind, n) in s.skipped {
+            ConstGauge::new(n as i64).encode(skipped.encode_family(&[("kind", kind)])?)?;
         }
         let uncounted = encoder.encode_descriptor(
             "stackprobe_uncounted_events",

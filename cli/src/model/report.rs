@@ -40,6 +40,27 @@ impl LostEvents {
         self.accept + self.fork + self.spawn + self.exec + self.exit + self.tcp_state
     }
 
+    /// The counter for the events the kernel program `name` makes (None for
+    /// programs that make none, like the TCP iterator).
+    pub fn of_program(&mut self, name: &str) -> Option<&mut u64> {
+        match name {
+            n if n.starts_with("accept_") || n.starts_with("inet_csk_accept") => {
+                Some(&mut self.accept)
+            }
+            n if n.starts_with("clone")
+                || n.starts_with("fork_")
+                || n.starts_with("kernel_clone") =>
+            {
+                Some(&mut self.fork)
+            }
+            "watch_fork" => Some(&mut self.spawn),
+            "watch_exec" => Some(&mut self.exec),
+            "watch_exit" => Some(&mut self.exit),
+            "tcp_state" => Some(&mut self.tcp_state),
+            _ => None,
+        }
+    }
+
     /// Each kind by the name views use.
     pub fn by_kind(&self) -> [(&'static str, u64); 6] {
         [
@@ -58,6 +79,10 @@ impl LostEvents {
 pub struct Drops {
     /// Lost because the ring buffer was full.
     pub lost: LostEvents,
+    /// Probe runs the kernel skipped because a BPF program was already
+    /// running on that CPU (a tracepoint hit in a softirq that interrupted
+    /// one): its `recursion_misses`, by the kind of event the probe makes.
+    pub skipped: LostEvents,
     /// Of the lost accepts and forks, samples the kernel folded into its
     /// overflow histograms and userspace merged: still counted, their
     /// latency known to 1/16.
@@ -77,6 +102,7 @@ impl Drops {
     /// Events that did not reach userspace, whatever the cause.
     pub fn total(&self) -> u64 {
         self.lost.total()
+            + self.skipped.total()
             + self.accept_slot_shared
             + self.watch_out_of_range
             + self.fork_slot_shared
@@ -559,6 +585,32 @@ mod tests {
         }
         t.apply(&accept(3, "quiet", 7));
         t
+    }
+
+    #[test]
+    fn every_event_making_program_has_a_kind() {
+        let mut l = LostEvents::default();
+        for name in [
+            "accept_enter",
+            "accept_exit",
+            "inet_csk_accept_fexit4",
+            "clone_enter",
+            "clone3_enter",
+            "fork_enter",
+            "clone_exit",
+            "kernel_clone_kretprobe",
+            "watch_fork",
+            "watch_exec",
+            "watch_exit",
+            "tcp_state",
+        ] {
+            *l.of_program(name).unwrap_or_else(|| panic!("{name}")) += 1;
+        }
+        assert_eq!(
+            (l.accept, l.fork, l.spawn, l.exec, l.exit, l.tcp_state),
+            (3, 5, 1, 1, 1, 1)
+        );
+        assert!(l.of_program("tcp_sockets").is_none());
     }
 
     #[test]

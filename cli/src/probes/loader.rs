@@ -3,7 +3,7 @@
 //! the kernel does the same if the process dies outright, since nothing is
 //! pinned.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
@@ -202,6 +202,7 @@ impl Probes {
                 exit: read(Stat::LostExit)?,
                 tcp_state: read(Stat::LostTcpState)?,
             },
+            skipped: self.skipped_runs()?,
             folded_accepts: self.overflow.folded_accepts,
             folded_forks: self.overflow.folded_forks,
             overflow_full: read(Stat::OverflowFull)?,
@@ -209,6 +210,25 @@ impl Probes {
             watch_out_of_range: read(Stat::WatchOutOfRange)?,
             fork_slot_shared: read(Stat::ForkSlotShared)?,
         })
+    }
+
+    /// Runs each program missed because a BPF program was already running
+    /// on that CPU: the kernel's `recursion_misses`, from the program fd's
+    /// /proc/self/fdinfo (5.12+; older kernels do not say, and it reads 0).
+    fn skipped_runs(&self) -> Result<LostEvents> {
+        let mut skipped = LostEvents::default();
+        for (name, program) in self.loaded_programs() {
+            let fd = program.fd()?.as_fd().as_raw_fd();
+            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+                .with_context(|| format!("reading the fdinfo of {name}"))?;
+            let misses = recursion_misses(&info);
+            if misses > 0
+                && let Some(kind) = skipped.of_program(name)
+            {
+                *kind += misses;
+            }
+        }
+        Ok(skipped)
     }
 
     /// Run counts and times per program; all zero unless loaded with
@@ -245,6 +265,15 @@ impl Probes {
             })
             .collect()
     }
+}
+
+/// `recursion_misses` from a BPF program's fdinfo, 0 when absent.
+fn recursion_misses(fdinfo: &str) -> u64 {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("recursion_misses:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Per-thread slots for syscalls in flight: enough for every thread id when
@@ -301,6 +330,14 @@ pub(super) fn attach_tracepoints(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recursion_misses_are_read_from_fdinfo() {
+        let info =
+            "pos:\t0\nprog_type:\t5\nrun_cnt:\t9\nrecursion_misses:\t3\nverified_insns:\t40\n";
+        assert_eq!(recursion_misses(info), 3);
+        assert_eq!(recursion_misses("prog_type:\t5\n"), 0);
+    }
 
     #[test]
     fn slots_cover_pid_max_up_to_the_cap() {

@@ -247,6 +247,19 @@ fn drops_line(d: &Drops) -> String {
     if !lost.is_empty() {
         causes.push(format!("ring buffer full: {}", lost.join(", ")));
     }
+    let skipped: Vec<String> = d
+        .skipped
+        .by_kind()
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    if !skipped.is_empty() {
+        causes.push(format!(
+            "skipped by the kernel (a BPF program was already running on that CPU): {}",
+            skipped.join(", ")
+        ));
+    }
     for (label, n) in [
         ("overflow histograms full", d.overflow_full),
         ("accept slot shared", d.accept_slot_shared),
@@ -389,12 +402,16 @@ mod tests {
                 ..LostEvents::default()
             },
             folded_accepts: 5,
+            skipped: LostEvents {
+                tcp_state: 3,
+                ..LostEvents::default()
+            },
             accept_slot_shared: 1,
             fork_slot_shared: 2,
             ..Drops::default()
         }));
         assert!(
-            text.contains("DROPS 12 (ring buffer full: accept 5, 5 still counted, tcp_state 4; accept slot shared 1; fork slot shared 2; 7 not counted)"),
+            text.contains("DROPS 15 (ring buffer full: accept 5, 5 still counted, tcp_state 4; skipped by the kernel (a BPF program was already running on that CPU): tcp_state 3; accept slot shared 1; fork slot shared 2; 10 not counted)"),
             "{text}"
         );
     }
