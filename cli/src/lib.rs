@@ -4,8 +4,10 @@
 
 pub mod cli;
 pub mod cmd;
+pub mod collector;
 pub mod export;
 pub mod model;
 pub mod probes;
 pub mod procfs;
+pub mod sink;
 pub mod view;

@@ -20,7 +20,7 @@ fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
     let mut watched = Server::start(Some(&dir.0.join("watched.sock")));
     let mut other = Server::start(Some(&dir.0.join("other.sock")));
     let mut s = Session::start();
-    s.probes.watch_pid(watched.pid).unwrap();
+    s.collector.probes_mut().watch_pid(watched.pid).unwrap();
 
     watched.accept_queued(25, false, "accept4");
     watched.accept_queued(15, false, "accept");
@@ -36,9 +36,10 @@ fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
         0,
         "an unwatched server must not be reported"
     );
-    assert!(s.table.get(other.pid).is_none());
+    assert!(s.collector.table().get(other.pid).is_none());
     let summary = s
-        .table
+        .collector
+        .table()
         .get(watched.pid)
         .unwrap()
         .activity
@@ -53,8 +54,8 @@ fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
         "a queued accept took {}ns",
         summary.max_ns
     );
-    assert_eq!(s.probes.drops().unwrap(), Drops::default());
-    assert_eq!(s.events.undecodable(), 0);
+    assert_eq!(s.collector.probes().drops().unwrap(), Drops::default());
+    assert_eq!(s.collector.undecodable(), 0);
     watched.stop();
     other.stop();
 }
@@ -64,7 +65,7 @@ fn a_blocking_accept_includes_its_wait() {
     let _lock = probe_lock();
     let mut server = Server::start(None);
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
     server.send("accept 1 tcp accept4");
     let wait = Duration::from_millis(300);
@@ -74,7 +75,8 @@ fn a_blocking_accept_includes_its_wait() {
     s.collect();
 
     let summary = s
-        .table
+        .collector
+        .table()
         .get(server.pid)
         .unwrap()
         .activity
@@ -102,7 +104,7 @@ fn a_child_forked_by_a_watched_process_is_watched() {
     let mut server = Server::start(None);
     let parent = server.pid;
     let mut s = Session::start();
-    s.probes.watch_pid(parent).unwrap();
+    s.collector.probes_mut().watch_pid(parent).unwrap();
 
     // Forked after the probes attached: only the kernel's fork probe can know.
     let child = server.fork();
@@ -113,11 +115,18 @@ fn a_child_forked_by_a_watched_process_is_watched() {
     assert_eq!(s.accepts(child), 7);
     assert_eq!(s.accepts(parent), 0);
     assert!(
-        s.probes
+        s.collector
+            .probes()
             .watched()
             .contains(&(child, Some(WatchReason::Forked)))
     );
-    let watched: Vec<u32> = s.probes.watched().into_iter().map(|(p, _)| p).collect();
+    let watched: Vec<u32> = s
+        .collector
+        .probes()
+        .watched()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
     assert!(
         watched.contains(&child) && watched.contains(&parent),
         "{watched:?}"
@@ -138,7 +147,10 @@ fn a_process_that_execs_into_a_watched_name_is_watched_from_its_first_accept() {
     symlink(LOOPBACK, &versioned).unwrap();
     let mut s = Session::start();
     let selector = Selector::new(vec![name.clone()], vec![]).unwrap();
-    s.probes.watch_names(&selector.kernel_comm_keys()).unwrap();
+    s.collector
+        .probes_mut()
+        .watch_names(&selector.kernel_comm_keys())
+        .unwrap();
 
     let mut a = Server::start_as(&plain, None);
     let mut b = Server::start_as(&versioned, None);
@@ -153,14 +165,14 @@ fn a_process_that_execs_into_a_watched_name_is_watched_from_its_first_accept() {
     assert_eq!(s.accepts(unrelated.pid), 0);
     // Only the kernel's exec probe could have added them: nothing in
     // userspace scanned /proc in this test.
-    let reasons = s.probes.watched();
+    let reasons = s.collector.probes().watched();
     for pid in [a.pid, b.pid] {
         assert!(
             reasons.contains(&(pid, Some(WatchReason::Exec))),
             "{pid}: {reasons:?}"
         );
     }
-    assert_eq!(s.table.get(a.pid).unwrap().name, name);
+    assert_eq!(s.collector.table().get(a.pid).unwrap().name, name);
     a.stop();
     b.stop();
     unrelated.stop();
@@ -172,11 +184,23 @@ fn exited_processes_leave_the_watch_set() {
     let server = Server::start(None);
     let pid = server.pid;
     let mut s = Session::start();
-    s.probes.watch_pid(pid).unwrap();
-    assert!(s.probes.watched().iter().any(|&(p, _)| p == pid));
+    s.collector.probes_mut().watch_pid(pid).unwrap();
+    assert!(
+        s.collector
+            .probes()
+            .watched()
+            .iter()
+            .any(|&(p, _)| p == pid)
+    );
     server.stop();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while s.probes.watched().iter().any(|&(p, _)| p == pid) {
+    while s
+        .collector
+        .probes()
+        .watched()
+        .iter()
+        .any(|&(p, _)| p == pid)
+    {
         assert!(
             Instant::now() < deadline,
             "pid {pid} stayed in the watch set after exiting"
@@ -189,12 +213,12 @@ fn exited_processes_leave_the_watch_set() {
 fn dropping_the_probes_detaches_and_unloads_every_program() {
     let _lock = probe_lock();
     let s = Session::start();
-    let ids = s.probes.program_ids().unwrap();
+    let ids = s.collector.probes().program_ids().unwrap();
     assert_eq!(
         ids.len(),
         PROGRAM_NAMES.len()
-            + fork_program_names(s.probes.fork_hook()).len()
-            + queue_program_names(s.probes.queue_hook()).len()
+            + fork_program_names(s.collector.probes().fork_hook()).len()
+            + queue_program_names(s.collector.probes().queue_hook()).len()
     );
     let loaded = loaded_stackprobe_programs();
     assert!(
@@ -216,7 +240,7 @@ fn accepts_the_full_ring_buffer_drops_are_still_counted_through_the_kernels_hist
     let path = dir.0.join("s.sock");
     let mut server = Server::start(Some(&path));
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
     // 20% more accepts than the ring holds, with nobody draining it
     // meanwhile. Unix sockets, so that accepts are the only events (TCP
@@ -233,7 +257,7 @@ fn accepts_the_full_ring_buffer_drops_are_still_counted_through_the_kernels_hist
     server.wait_accepted(n);
 
     let received = s.collect() as u64;
-    let drops = s.probes.drops().unwrap();
+    let drops = s.collector.probes().drops().unwrap();
     assert!(drops.lost.accept > 0, "the ring never filled: {drops:?}");
     assert_eq!(received + drops.lost.accept, n, "{drops:?}");
     assert_eq!(
@@ -249,7 +273,14 @@ fn accepts_the_full_ring_buffer_drops_are_still_counted_through_the_kernels_hist
         "{drops:?}"
     );
     assert_eq!(s.accepts(server.pid), n);
-    let accept = &s.table.get(server.pid).unwrap().activity.accept.total;
+    let accept = &s
+        .collector
+        .table()
+        .get(server.pid)
+        .unwrap()
+        .activity
+        .accept
+        .total;
     let summary = accept.summary();
     assert_eq!(summary.folded, drops.lost.accept);
     assert!(

@@ -15,10 +15,10 @@ use support::*;
 fn report(s: &Session) -> Report {
     Report::build(
         ReportKind::Summary,
-        &s.table,
+        s.collector.table(),
         Duration::from_secs(1),
         Duration::from_secs(1),
-        s.probes.drops().unwrap(),
+        s.collector.probes().drops().unwrap(),
     )
 }
 
@@ -27,7 +27,7 @@ fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_l
     let _lock = probe_lock();
     let mut server = Server::start(None);
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
     let n = 20;
     server.send(&format!("serve-fork {n} tcp 50"));
@@ -38,7 +38,7 @@ fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_l
     assert_eq!(server.line(), format!("served {n}"));
     s.collect();
 
-    let a = &s.table.get(server.pid).unwrap().activity;
+    let a = &s.collector.table().get(server.pid).unwrap().activity;
     assert_eq!(a.accept.total.count(), n);
     assert_eq!(a.fork.total.count(), n, "one process fork per connection");
     assert_eq!(a.thread.total.count(), 0);
@@ -58,7 +58,7 @@ fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_l
     let fork = a.fork.total.summary();
     assert!(fork.min_ns > 0 && fork.max_ns < 1_000_000_000, "{fork:?}");
     // The children exited: none is left in the table, all folded into a role.
-    assert_eq!(s.table.children_alive(server.pid), 0);
+    assert_eq!(s.collector.table().children_alive(server.pid), 0);
 
     let r = report(&s);
     let master = r
@@ -78,16 +78,16 @@ fn threads_are_counted_as_threads_not_processes() {
     let _lock = probe_lock();
     let mut server = Server::start(None);
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
     server.run("threads 6", "threads 6");
     s.collect();
 
-    let a = &s.table.get(server.pid).unwrap().activity;
+    let a = &s.collector.table().get(server.pid).unwrap().activity;
     assert_eq!(a.thread.total.count(), 6);
     assert_eq!(a.fork.total.count(), 0);
-    assert_eq!(s.table.children_alive(server.pid), 0);
-    assert_eq!(s.table.len(), 1, "threads get no process entry");
+    assert_eq!(s.collector.table().children_alive(server.pid), 0);
+    assert_eq!(s.collector.table().len(), 1, "threads get no process entry");
     server.stop();
 }
 
@@ -96,7 +96,7 @@ fn a_server_that_does_not_fork_shows_no_forks() {
     let _lock = probe_lock();
     let mut server = Server::start(None);
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
     server.accept_queued(5, false, "accept4");
     s.collect();
@@ -118,12 +118,12 @@ fn children_that_exec_are_counted() {
     let _lock = probe_lock();
     let mut server = Server::start(None);
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
     server.run("spawn-exec 3", "execs 3");
     s.collect();
 
-    let a = &s.table.get(server.pid).unwrap().activity;
+    let a = &s.collector.table().get(server.pid).unwrap().activity;
     assert_eq!(a.fork.total.count(), 3);
     assert_eq!(a.children_exec.total, 3);
     assert_eq!(a.child_lifetime.total.count(), 3);
@@ -142,14 +142,14 @@ fn thread_creations_the_full_ring_buffer_drops_are_still_counted() {
     let _lock = probe_lock();
     let mut server = Server::start(None);
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
     // Each thread makes a fork event and a spawn event (64-byte records):
     // 40,000 threads are 5 MiB of events for a 4 MiB ring nobody drains.
     let n = 40_000;
     server.run(&format!("threads {n}"), &format!("threads {n}"));
     s.collect();
-    let drops = s.probes.drops().unwrap();
+    let drops = s.collector.probes().drops().unwrap();
     assert!(drops.lost.fork > 0, "the ring never filled: {drops:?}");
     assert_eq!(drops.folded_forks, drops.lost.fork, "{drops:?}");
     assert_eq!(drops.lost.accept + drops.lost.exit, 0, "{drops:?}");
@@ -159,7 +159,7 @@ fn thread_creations_the_full_ring_buffer_drops_are_still_counted() {
         drops.lost.spawn + drops.lost.exec + drops.lost.tcp_state
     );
 
-    let a = &s.table.get(server.pid).unwrap().activity;
+    let a = &s.collector.table().get(server.pid).unwrap().activity;
     assert_eq!(a.thread.total.count(), n, "every thread counted");
     assert_eq!(a.thread.total.summary().folded, drops.lost.fork);
     assert_eq!(
@@ -197,8 +197,8 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
         else {
             continue;
         };
-        assert_eq!(s.probes.fork_hook(), hook);
-        s.probes.watch_pid(server.pid).unwrap();
+        assert_eq!(s.collector.probes().fork_hook(), hook);
+        s.collector.probes_mut().watch_pid(server.pid).unwrap();
         let n = 12;
         server.send(&format!("serve-fork {n} tcp 0"));
         for _ in 0..n {
@@ -207,7 +207,7 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
         assert_eq!(server.line(), format!("served {n}"));
         server.run("threads 5", "threads 5");
         s.collect();
-        let a = &s.table.get(server.pid).unwrap().activity;
+        let a = &s.collector.table().get(server.pid).unwrap().activity;
         assert_eq!(
             a.fork.total.count(),
             n,
@@ -240,7 +240,7 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
     }
     let s = Session::start();
     assert_eq!(
-        s.probes.fork_hook(),
+        s.collector.probes().fork_hook(),
         worked[0],
         "the default is the best that works"
     );

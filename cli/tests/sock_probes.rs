@@ -42,7 +42,7 @@ fn the_iterator_counts_time_wait_and_listen_sockets_as_ss_does() {
         // bounded.
         let deadline = Instant::now() + Duration::from_secs(5);
         let (sockets, time_wait) = loop {
-            let sockets = s.probes.tcp_sockets().unwrap();
+            let sockets = s.collector.probes_mut().tcp_sockets().unwrap();
             let n = sockets
                 .iter()
                 .filter(|k| k.state == TcpState::TimeWait && k.local == local)
@@ -102,7 +102,7 @@ fn observe_until(s: &mut Session, done: impl Fn(&Session) -> bool) {
     loop {
         s.collect();
         s.sync();
-        stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+        s.collector.observe_sockets().unwrap();
         if done(s) || Instant::now() > deadline {
             return;
         }
@@ -111,7 +111,8 @@ fn observe_until(s: &mut Session, done: impl Fn(&Session) -> bool) {
 }
 
 fn link_time_wait(s: &Session, owner: Option<&str>, peer: &str) -> u64 {
-    s.table
+    s.collector
+        .table()
         .links
         .iter()
         .filter(|(k, _)| k.owner.as_deref() == owner && k.peer == peer)
@@ -120,7 +121,8 @@ fn link_time_wait(s: &Session, owner: Option<&str>, peer: &str) -> u64 {
 }
 
 fn link<'a>(s: &'a Session, owner: &str, peer: &str) -> &'a stackprobe::model::links::LinkStats {
-    s.table
+    s.collector
+        .table()
         .links
         .iter()
         .find(|(k, _)| k.owner.as_deref() == Some(owner) && k.peer == peer)
@@ -128,7 +130,7 @@ fn link<'a>(s: &'a Session, owner: &str, peer: &str) -> &'a stackprobe::model::l
         .unwrap_or_else(|| {
             panic!(
                 "no link {owner} {peer}: {:?}",
-                s.table.links.iter().collect::<Vec<_>>()
+                s.collector.table().links.iter().collect::<Vec<_>>()
             )
         })
 }
@@ -142,11 +144,14 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     std::os::unix::fs::symlink(LOOPBACK, &client).unwrap();
     let mut server = Server::start(None);
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
     let selector = stackprobe::model::selector::Selector::new(vec![name.clone()], vec![]).unwrap();
-    s.probes.watch_names(&selector.kernel_comm_keys()).unwrap();
+    s.collector
+        .probes_mut()
+        .watch_names(&selector.kernel_comm_keys())
+        .unwrap();
     s.sync();
-    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+    s.collector.observe_sockets().unwrap();
 
     let n = 20;
     server.send(&format!("accept-wait {n} tcp"));
@@ -169,7 +174,7 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     // wait for both.
     observe_until(&mut s, |s| {
         link_time_wait(s, Some(client_role), &to_server) == n
-            && s.table.links.iter().any(|(k, st)| {
+            && s.collector.table().links.iter().any(|(k, st)| {
                 k.owner.as_deref() == Some(client_role)
                     && k.peer == to_server
                     && st.closes.total == n
@@ -183,8 +188,8 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
         (c.opens.total, c.closes.total, c.aborts.total),
         (n, n, 0),
         "{:?}; drops {:?}",
-        s.table.links.iter().collect::<Vec<_>>(),
-        s.probes.drops().unwrap()
+        s.collector.table().links.iter().collect::<Vec<_>>(),
+        s.collector.probes().drops().unwrap()
     );
     // What ss counts for that port pair: every TIME_WAIT socket towards the server.
     let ss = Command::new("ss")
@@ -216,9 +221,9 @@ fn a_server_that_closes_first_owns_the_time_wait_sockets() {
     let _lock = probe_lock();
     let mut server = Server::start(None);
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
     s.sync();
-    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+    s.collector.observe_sockets().unwrap();
 
     let n = 15;
     // The server writes its byte and closes; the (unwatched) test client
@@ -275,18 +280,18 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
         else {
             continue;
         };
-        assert_eq!(s.probes.queue_hook(), hook);
-        s.probes.watch_pid(server.pid).unwrap();
+        assert_eq!(s.collector.probes().queue_hook(), hook);
+        s.collector.probes_mut().watch_pid(server.pid).unwrap();
         s.sync();
         // Tells the kernel the server owns its listening port.
-        stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+        s.collector.observe_sockets().unwrap();
 
         // Prompt: each connection is accepted right after it queued.
         server.accept_queued(5, false, "accept4");
         // Unix sockets have no TCP handshake: counted as accepts, no queue wait.
         server.accept_queued(2, true, "accept");
         s.collect();
-        let a = &s.table.get(server.pid).unwrap().activity;
+        let a = &s.collector.table().get(server.pid).unwrap().activity;
         assert_eq!(a.accept.total.count(), 7, "{hook:?}");
         let prompt = a.accept_queue.total.summary();
         assert_eq!(prompt.count, 5, "{hook:?}");
@@ -303,7 +308,14 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
         read_byte_then_eof(&mut c);
         server.wait_accepted(1);
         s.collect();
-        let all = &s.table.get(server.pid).unwrap().activity.accept_queue.total;
+        let all = &s
+            .collector
+            .table()
+            .get(server.pid)
+            .unwrap()
+            .activity
+            .accept_queue
+            .total;
         assert_eq!(all.count(), 6, "{hook:?}");
         let slow = all.summary().max_ns;
         assert!(
@@ -324,7 +336,7 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
     }
     let s = Session::start();
     assert_eq!(
-        s.probes.queue_hook(),
+        s.collector.probes().queue_hook(),
         worked[0],
         "the default is the best that works"
     );
@@ -339,9 +351,9 @@ fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
         None,
     );
     let mut s = Session::start();
-    s.probes.watch_pid(server.pid).unwrap();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
     s.sync();
-    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+    s.collector.observe_sockets().unwrap();
 
     // The server never accepts: the queue fills, then the kernel drops.
     let mut held = Vec::new();
@@ -353,11 +365,12 @@ fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
             held.push(c);
         }
     }
-    stackprobe::cmd::watch::observe_sockets(&mut s.probes, &mut s.table).unwrap();
+    s.collector.observe_sockets().unwrap();
     let listener = s
-        .table
+        .collector
+        .table()
         .links
-        .listening
+        .listening()
         .iter()
         .find(|l| l.owner == server.pid)
         .expect("the server's listener");
@@ -368,7 +381,7 @@ fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
         listener.backlog,
         listener.max_backlog
     );
-    let (start, _, now) = s.table.links.counters.unwrap();
+    let (start, _, now) = s.collector.table().links.counters().unwrap();
     assert!(
         now.since(&start).listen_overflows > 0,
         "no listen overflow counted"

@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 
 use crate::{
     cli::{DemoArgs, DemoServerArgs, DemoServerKind, WatchArgs},
-    cmd::watch::{self, Hooks},
+    cmd::watch::{self, Control},
     probes::preflight,
 };
 
@@ -117,7 +117,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             fork_hook: None,
             queue_hook: None,
         },
-        Hooks {
+        Control {
             on_attached: Some(Box::new(move || {
                 let _ = attached_tx.send(());
             })),

@@ -22,6 +22,8 @@ use hdrhistogram::{
     },
 };
 
+use crate::model::process::{ProcessTable, Span};
+
 /// The metrics a recording holds for each role.
 pub const METRICS: [&str; 5] = ["accept", "accept_queue", "fork", "thread", "child_lifetime"];
 
@@ -53,6 +55,25 @@ pub struct Interval {
     pub duration: Duration,
     /// (role, metric, histogram)
     pub histograms: Vec<(String, &'static str, Histogram<u64>)>,
+}
+
+impl Interval {
+    /// This interval's histograms of every role and metric that has samples.
+    pub fn of(table: &ProcessTable, start: Duration, duration: Duration) -> Self {
+        let mut histograms = Vec::new();
+        for (role, (_, activity)) in table.roles(Span::Interval) {
+            for (metric, m) in activity.metrics() {
+                if let Some(h) = m.interval.hdr().filter(|h| !h.is_empty()) {
+                    histograms.push((role.clone(), metric, h.clone()));
+                }
+            }
+        }
+        Self {
+            start,
+            duration,
+            histograms,
+        }
+    }
 }
 
 /// Writes intervals in a thread of its own, so a slow disk never slows

@@ -18,12 +18,12 @@ use std::{
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{
+    counter::Counter,
     event::TcpStateSample,
-    process::Counter,
     sockets::{TcpSock, TcpState},
 };
 
-/// At most this many link rows; further links fold into one per process.
+/// At most this many link rows; further links merge into one per process.
 pub const MAX_LINKS: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -123,14 +123,28 @@ pub struct LinkTable {
     /// Watched listeners: port → owner.
     listeners: HashMap<u16, u32>,
     /// Watched processes' listening sockets, from the last snapshot.
-    pub listening: Vec<Listener>,
+    listening: Vec<Listener>,
     /// Kernel counters at the start, at the start of the interval, and now.
-    pub counters: Option<(KernelCounters, KernelCounters, KernelCounters)>,
+    counters: Option<(KernelCounters, KernelCounters, KernelCounters)>,
     /// Ephemeral ports (ip_local_port_range), when readable.
-    pub ephemeral_ports: Option<u32>,
+    ephemeral_ports: Option<u32>,
     /// Sockets in the last snapshot, and how long taking it took (iterator,
     /// /proc scans and bookkeeping), in µs.
-    pub last_snapshot: (usize, u64),
+    last_snapshot: (usize, u64),
+}
+
+/// What one look at the machine's TCP sockets found: every socket, which
+/// watched process owns each listening port, and the machine's counters.
+#[derive(Clone, Debug, Default)]
+pub struct SocketSnapshot {
+    pub sockets: Vec<TcpSock>,
+    /// Listening port → the watched process that owns the socket.
+    pub owners: HashMap<u16, u32>,
+    pub counters: KernelCounters,
+    /// Ephemeral ports (ip_local_port_range), when readable.
+    pub ephemeral_ports: Option<u32>,
+    /// How long taking the snapshot took, in µs.
+    pub took_us: u64,
 }
 
 fn is_abort(old: TcpState, new: TcpState) -> bool {
@@ -139,8 +153,51 @@ fn is_abort(old: TcpState, new: TcpState) -> bool {
 }
 
 impl LinkTable {
+    /// Takes in a snapshot: the watched listeners and their backlogs,
+    /// TIME_WAIT sockets per link, the kernel's counters.
+    pub fn observe_snapshot(&mut self, snapshot: SocketSnapshot) {
+        self.listening = snapshot
+            .sockets
+            .iter()
+            .filter(|s| s.state == TcpState::Listen)
+            .filter_map(|s| {
+                Some(Listener {
+                    owner: *snapshot.owners.get(&s.local.port())?,
+                    local: s.local,
+                    backlog: s.backlog,
+                    max_backlog: s.max_backlog,
+                })
+            })
+            .collect();
+        self.set_listeners(snapshot.owners);
+        self.observe(&snapshot.sockets);
+        self.set_counters(snapshot.counters);
+        self.ephemeral_ports = snapshot.ephemeral_ports;
+        self.last_snapshot = (snapshot.sockets.len(), snapshot.took_us);
+    }
+
+    /// Watched processes' listening sockets, from the last snapshot.
+    pub fn listening(&self) -> &[Listener] {
+        &self.listening
+    }
+
+    /// Kernel counters at the start, at the start of the interval, and now.
+    pub fn counters(&self) -> Option<(KernelCounters, KernelCounters, KernelCounters)> {
+        self.counters
+    }
+
+    /// Ephemeral ports (ip_local_port_range), when readable.
+    pub fn ephemeral_ports(&self) -> Option<u32> {
+        self.ephemeral_ports
+    }
+
+    /// Sockets in the last snapshot, and how long taking it took in µs.
+    pub fn last_snapshot(&self) -> (usize, u64) {
+        self.last_snapshot
+    }
+
     /// Watched processes' listening ports (their connections are passive).
-    pub fn set_listeners(&mut self, listeners: HashMap<u16, u32>) {
+    fn set_listeners(&mut self, listeners: HashMap<u16, u32>) {
         self.listeners = listeners;
     }
 
@@ -215,9 +272,9 @@ impl LinkTable {
         }
     }
 
-    /// Takes a snapshot of every TCP socket: counts TIME_WAIT sockets per
-    /// link, now and new since the last snapshot.
-    pub fn observe(&mut self, sockets: &[TcpSock]) {
+    /// Counts TIME_WAIT sockets per link in a snapshot of every TCP socket,
+    /// now and new since the last snapshot.
+    fn observe(&mut self, sockets: &[TcpSock]) {
         self.snapshots += 1;
         let now: FxHashSet<Tuple> = sockets
             .iter()
@@ -270,7 +327,7 @@ impl LinkTable {
     }
 
     /// Records the machine's TcpExt counters now.
-    pub fn set_counters(&mut self, now: KernelCounters) {
+    fn set_counters(&mut self, now: KernelCounters) {
         self.counters = Some(match self.counters {
             Some((start, interval_start, _)) => (start, interval_start, now),
             None => (now, now, now),

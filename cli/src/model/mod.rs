@@ -2,9 +2,11 @@
 //! render. It knows nothing of the kernel or the terminal, so it is
 //! unit-tested without root.
 
+pub mod counter;
 pub mod event;
 #[cfg(test)]
 pub mod fixtures;
+pub mod frame;
 pub mod histogram;
 pub mod insights;
 pub mod links;

@@ -3,13 +3,15 @@
 //! (who forked whom, when, how long children live).
 //!
 //! Memory stays bounded however many pids come and go: only live processes
-//! have an entry; an exited process folds its numbers into its role's totals
-//! and its entry is removed. Roles are at most [`MAX_ROLES`] (further ones fold
-//! into [`OTHER_ROLE`]), so the table holds O(live watched processes + roles).
+//! have an entry; an exited process retires: its numbers join its role's
+//! totals and its entry is removed. Roles are at most [`MAX_ROLES`] (further
+//! ones merge into [`OTHER_ROLE`]), so the table holds O(live watched
+//! processes + roles).
 
 use std::collections::BTreeMap;
 
 use super::{
+    counter::Counter,
     event::{
         AcceptSample, Event, ExecSample, ExitSample, FoldedMetric, FoldedSamples, ForkSample,
         SpawnSample, TaskKind,
@@ -74,30 +76,6 @@ impl Metric {
     }
 }
 
-/// A plain count, for the current interval and since the start.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counter {
-    pub interval: u64,
-    pub total: u64,
-}
-
-impl Counter {
-    pub fn bump(&mut self) {
-        self.interval += 1;
-        self.total += 1;
-    }
-
-    fn add_counter(&mut self, other: &Counter) {
-        self.interval += other.interval;
-        self.total += other.total;
-    }
-
-    pub fn add(&mut self, n: u64) {
-        self.interval += n;
-        self.total += n;
-    }
-}
-
 /// Everything measured about one process (or, summed, about a role).
 #[derive(Clone, Debug, Default)]
 pub struct Activity {
@@ -118,7 +96,7 @@ pub struct Activity {
     pub execs: Counter,
     /// Children of this process that exec'd.
     pub children_exec: Counter,
-    /// Processes that exited (counted on roles, as their members fold in).
+    /// Processes that exited (counted on roles, as their members retire).
     pub exited: Counter,
 }
 
@@ -246,7 +224,7 @@ pub struct ProcessTable {
     pub links: LinkTable,
     procs: BTreeMap<u32, Process>,
     /// Exited processes' numbers, by role.
-    folded: BTreeMap<String, Activity>,
+    retired: BTreeMap<String, Activity>,
 }
 
 impl ProcessTable {
@@ -327,7 +305,7 @@ impl ProcessTable {
             // the same process.
             Some(p) if p.born_ns.is_none() && p.activity.is_empty() => {}
             // A process whose exit was never seen: its pid was recycled.
-            Some(_) => self.fold(s.child),
+            Some(_) => self.retire(s.child),
             None => {}
         }
         let child = self.entry(s.child, &s.comm);
@@ -360,35 +338,35 @@ impl ProcessTable {
                 None => {
                     // The parent is gone: credit its role's totals.
                     let role = roles::role(&parent_name, None, None, true);
-                    self.folded_role(role).child_lifetime.record(lifetime);
+                    self.retired_role(role).child_lifetime.record(lifetime);
                 }
             }
         }
-        self.fold(s.tgid);
+        self.retire(s.tgid);
     }
 
     /// Removes `pid`, adding its numbers to its role's totals.
-    fn fold(&mut self, pid: u32) {
+    fn retire(&mut self, pid: u32) {
         if let Some(proc) = self.procs.remove(&pid) {
             let role = proc.role();
-            let folded = self.folded_role(role);
-            folded.add(&proc.activity, Span::Whole);
-            folded.exited.bump();
+            let retired = self.retired_role(role);
+            retired.add(&proc.activity, Span::Whole);
+            retired.exited.bump();
         }
     }
 
-    fn folded_role(&mut self, role: String) -> &mut Activity {
-        let key = if self.folded.len() >= MAX_ROLES - 1 && !self.folded.contains_key(&role) {
+    fn retired_role(&mut self, role: String) -> &mut Activity {
+        let key = if self.retired.len() >= MAX_ROLES - 1 && !self.retired.contains_key(&role) {
             OTHER_ROLE.to_string()
         } else {
             role
         };
-        self.folded.entry(key).or_default()
+        self.retired.entry(key).or_default()
     }
 
     /// Mirrors the kernel's watch set: `live` lists every watched process now.
     /// A process missing from two syncs in a row left without an exit event
-    /// (a drop) and folds; one miss is not enough, since a process spawned
+    /// (a drop) and retires; one miss is not enough, since a process spawned
     /// after the /proc scan reaches the table through its event first.
     pub fn sync_watched(&mut self, live: &[LiveProcess]) {
         let alive: std::collections::HashSet<u32> = live.iter().map(|p| p.pid).collect();
@@ -405,7 +383,7 @@ impl ProcessTable {
             }
         }
         for pid in gone {
-            self.fold(pid);
+            self.retire(pid);
         }
         for l in live {
             let proc = self.entry(l.pid, &l.name);
@@ -464,11 +442,11 @@ impl ProcessTable {
             .count()
     }
 
-    /// Every role with its live pids and its activity: exited members' folded
+    /// Every role with its live pids and its activity: exited members' retired
     /// totals plus the live members' numbers (histograms for `span`).
     pub fn roles(&self, span: Span) -> BTreeMap<String, (Vec<u32>, Activity)> {
         let mut out: BTreeMap<String, (Vec<u32>, Activity)> = self
-            .folded
+            .retired
             .iter()
             .map(|(role, a)| (role.clone(), (Vec::new(), a.clone())))
             .collect();
@@ -485,15 +463,15 @@ impl ProcessTable {
         for proc in self.procs.values_mut() {
             proc.activity.reset_interval();
         }
-        for activity in self.folded.values_mut() {
+        for activity in self.retired.values_mut() {
             activity.reset_interval();
         }
         self.links.reset_interval();
     }
 
     /// Number of roles holding exited processes' totals.
-    pub fn folded_roles(&self) -> usize {
-        self.folded.len()
+    pub fn retired_roles(&self) -> usize {
+        self.retired.len()
     }
 }
 
@@ -644,7 +622,7 @@ mod tests {
     }
 
     #[test]
-    fn exited_children_fold_into_their_role() {
+    fn exited_children_retire_into_their_role() {
         let mut t = ProcessTable::default();
         t.sync_watched(&[live(1, "postgres")]);
         t.apply(&spawn(1, 50, "postgres", 0));
@@ -678,7 +656,7 @@ mod tests {
         assert_eq!(
             t.roles(Span::Whole)["srv worker"].1.accept.total.count(),
             1,
-            "the old one folded"
+            "the old one retired"
         );
     }
 
@@ -695,9 +673,9 @@ mod tests {
             }
         }
         // Only the children whose exit was not seen are still live (a recycled
-        // pid replaces its predecessor), and one role holds all the folded rest.
+        // pid replaces its predecessor), and one role holds all the retired rest.
         assert!(t.len() <= 30_001, "{}", t.len());
-        assert_eq!(t.folded_roles(), 1);
+        assert_eq!(t.retired_roles(), 1);
         assert_eq!(t.get(1).unwrap().activity.fork.total.count(), 200_000);
     }
 
@@ -709,12 +687,12 @@ mod tests {
         }
         t.sync_watched(&[]);
         t.sync_watched(&[]);
-        assert!(t.folded_roles() <= MAX_ROLES);
+        assert!(t.retired_roles() <= MAX_ROLES);
         assert!(t.roles(Span::Whole).contains_key(OTHER_ROLE));
     }
 
     #[test]
-    fn sync_folds_processes_that_left_and_finds_running_masters() {
+    fn sync_retires_processes_that_left_and_finds_running_masters() {
         let mut t = ProcessTable::default();
         t.sync_watched(&[
             live(1, "nginx"),
@@ -757,7 +735,7 @@ mod tests {
         assert_eq!(
             t.roles(Span::Whole)["srv worker"].1.exited.total,
             1,
-            "folded once, not twice"
+            "retired once, not twice"
         );
     }
 

@@ -6,10 +6,10 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{
+    counter::Counter,
     histogram::{LatencyHistogram, Log2Bucket, Summary},
-    insights::insights,
     links::Side,
-    process::{Activity, Counter, Metric, ProcessTable, Span},
+    process::{Activity, Metric, ProcessTable, Span},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -29,7 +29,7 @@ pub struct LostEvents {
     /// Process births: their children's lifetimes are missing.
     pub spawn: u64,
     pub exec: u64,
-    /// Process exits: those processes fold two syncs late, lifetimes missing.
+    /// Process exits: those processes retire two syncs late, lifetimes missing.
     pub exit: u64,
     /// TCP state changes: link counts are short by these.
     pub tcp_state: u64,
@@ -165,7 +165,8 @@ pub struct Report {
     /// Per-program BPF run-time statistics, with `--probe-cost` only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub probe_cost: Vec<ProgramCost>,
-    /// What the numbers mean, when there is enough data (see `insights`).
+    /// What the numbers mean, when there is enough data: filled by
+    /// `insights::annotate`, a pass of its own.
     pub insights: Vec<String>,
     /// The hook each metric with a choice of hooks comes from on this
     /// kernel (set by the collector).
@@ -405,7 +406,7 @@ impl Report {
             .collect();
         processes.sort_by(|a, b| b.total.cmp(&a.total).then(a.pid.cmp(&b.pid)));
         let tcp = tcp_report(&p, table);
-        let mut report = Self {
+        Self {
             schema: SCHEMA,
             kind,
             elapsed_s: elapsed.as_secs_f64(),
@@ -420,16 +421,14 @@ impl Report {
             probe_cost: Vec::new(),
             insights: Vec::new(),
             hooks: Vec::new(),
-        };
-        report.insights = insights(&report);
-        report
+        }
     }
 }
 
 fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
     let links = &table.links;
     let name = |pid: u32| table.get(pid).map(|proc| proc.name.clone());
-    let ports = links.ephemeral_ports;
+    let ports = links.ephemeral_ports();
     let mut rows: Vec<LinkRow> = links
         .iter()
         .map(|(key, st)| {
@@ -475,7 +474,7 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
         })
         .collect();
     let kernel = links
-        .counters
+        .counters()
         .map_or(KernelRow::default(), |(start, interval, now)| {
             let (since_start, in_interval) = (now.since(&start), now.since(&interval));
             let row = |total: u64, interval: u64| CountRow {
@@ -497,7 +496,7 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
     TcpReport {
         links: rows,
         listeners: links
-            .listening
+            .listening()
             .iter()
             .map(|l| ListenerRow {
                 pid: l.owner,
@@ -509,8 +508,8 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
             .collect(),
         kernel,
         ephemeral_ports: ports,
-        sockets: links.last_snapshot.0,
-        snapshot_us: links.last_snapshot.1,
+        sockets: links.last_snapshot().0,
+        snapshot_us: links.last_snapshot().1,
         warnings,
     }
 }
@@ -734,7 +733,6 @@ mod tests {
             sockets::{TcpSock, TcpState},
         };
         let mut t = ProcessTable::default();
-        t.links.ephemeral_ports = Some(100);
         let server: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
         let mut snapshot = Vec::new();
         for port in 0..60u16 {
@@ -764,7 +762,12 @@ mod tests {
                 max_backlog: 0,
             });
         }
-        t.links.observe(&snapshot);
+        t.links
+            .observe_snapshot(crate::model::links::SocketSnapshot {
+                sockets: snapshot,
+                ephemeral_ports: Some(100),
+                ..Default::default()
+            });
         let r = Report::build(
             ReportKind::Interval,
             &t,

@@ -314,6 +314,20 @@ fn si(v: u64) -> String {
     v.to_string()
 }
 
+/// Processes by name and pid, for one line: `nginx[12], nginx[13]`.
+pub fn process_list(procs: &[(u32, String)]) -> String {
+    const SHOWN: usize = 8;
+    let mut names: Vec<String> = procs
+        .iter()
+        .take(SHOWN)
+        .map(|(pid, name)| format!("{name}[{pid}]"))
+        .collect();
+    if procs.len() > SHOWN {
+        names.push(format!("and {} more", procs.len() - SHOWN));
+    }
+    names.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -16,16 +16,16 @@ use std::{
 use serde_json::Value;
 
 use stackprobe::{
-    model::process::{LiveProcess, ProcessTable},
-    probes::{Options, Probes, accept::QueueHook, events::EventStream, fork::ForkHook},
+    collector::Collector,
+    model::{process::LiveProcess, selector::Selector},
+    probes::{Options, accept::QueueHook, fork::ForkHook},
     procfs,
 };
 
-/// Loaded probes with their events collected into a process table.
+/// The collector `stackprobe watch` runs, selecting nothing by itself: each
+/// test tells its probes which processes to watch.
 pub struct Session {
-    pub probes: Probes,
-    pub events: EventStream,
-    pub table: ProcessTable,
+    pub collector: Collector,
     _runtime: tokio::runtime::Runtime,
 }
 
@@ -41,12 +41,9 @@ impl Session {
             .build()
             .unwrap();
         let _enter = runtime.enter();
-        let mut probes = Probes::load(options)?;
-        let events = EventStream::new(probes.take_events().unwrap()).unwrap();
+        let collector = Collector::start(Selector::default(), options)?;
         Ok(Self {
-            probes,
-            events,
-            table: ProcessTable::default(),
+            collector,
             _runtime: runtime,
         })
     }
@@ -57,19 +54,15 @@ impl Session {
     /// Events folded in the kernel because the ring was full are merged
     /// too; the count returned is of ring buffer events only.
     pub fn collect(&mut self) -> usize {
-        let table = &mut self.table;
-        let n = self.events.drain(|e| table.apply(&e));
-        self.probes
-            .drain_overflow(|e| table.apply(&e))
-            .expect("reading the overflow histograms");
-        n
+        self.collector.drain().expect("draining the probes' events")
     }
 
     /// Mirrors the kernel's watch set into the table, as `stackprobe watch`
-    /// does each interval.
+    /// does each interval (without reading titles or parents).
     pub fn sync(&mut self) {
         let live: Vec<LiveProcess> = self
-            .probes
+            .collector
+            .probes()
             .watched()
             .into_iter()
             .filter_map(|(pid, _)| procfs::read(pid))
@@ -81,11 +74,12 @@ impl Session {
                 parent: None,
             })
             .collect();
-        self.table.sync_watched(&live);
+        self.collector.table_mut().sync_watched(&live);
     }
 
     pub fn accepts(&self, pid: u32) -> u64 {
-        self.table
+        self.collector
+            .table()
             .get(pid)
             .map_or(0, |p| p.activity.accept.total.count())
     }
@@ -306,7 +300,8 @@ pub fn forced_session(options: Options, rung: &str, expected: bool) -> Option<Se
 /// What the programs whose names start with one of `prefixes` cost per
 /// run so far (loaded with `probe_cost`), for the rung comparisons.
 pub fn rung_costs(s: &Session, prefixes: &[&str]) -> String {
-    s.probes
+    s.collector
+        .probes()
         .costs()
         .unwrap()
         .iter()

@@ -727,13 +727,15 @@ mod tests {
         t.sync_watched(&[live(1, "postgres"), live(2, "nginx")]);
         let latencies: Vec<u64> = (0..412).map(|i| 2_000 + i).collect();
         fork_per_connection(&mut t, 1, "postgres", &latencies, 90_000, 412, 9_000_000);
-        Report::build(
+        let mut report = Report::build(
             ReportKind::Interval,
             &t,
             Duration::from_secs(1),
             Duration::from_secs(5),
             Drops::default(),
-        )
+        );
+        crate::model::insights::annotate(&mut report);
+        report
     }
 
     fn screen(d: &Dashboard, w: u16, h: u16) -> (String, ratatui::buffer::Buffer) {
