@@ -2,7 +2,7 @@
 //! the process table), and what each interval costs (building the report and
 //! rendering it). Run: `cargo bench -p stackprobe --bench hot_path`.
 //!
-//! The scenario is the README's lab: a postmaster that accepts and forks a
+//! The scenario is docs/lab.md's: a postmaster that accepts and forks a
 //! backend per connection, next to pooled workers that only accept.
 
 use std::{hint::black_box, time::Duration};

@@ -1,4 +1,4 @@
-//! Every bad input in the README's table: the message it gets and its exit
+//! Every bad input in the table of docs/faults.md: the message it gets and its exit
 //! status (2: the command line is wrong, 1: it is right but cannot be done),
 //! and never a panic. The rows that load probes need root.
 

@@ -1,5 +1,5 @@
 //! `--json`: one JSON object per line, per report. Fields are documented in
-//! the README and named by `model::report`.
+//! docs/json.md and named by `model::report`.
 
 use crate::model::report::Report;
 
