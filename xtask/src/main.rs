@@ -4,6 +4,7 @@
 
 mod bench;
 mod lab;
+mod process;
 mod setup;
 mod tasks;
 mod vm;
