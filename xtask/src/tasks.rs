@@ -8,6 +8,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
+    module_graph,
     process::{cargo, is_root, run_cmd, workspace_root},
     vm,
 };
@@ -66,6 +67,7 @@ pub fn test(vm: bool) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    module_graph::check(&workspace_root(), &module_graph::CHECKED)?;
     // Integration test binaries in one crate run one after another, and the
     // tests inside each take a lock before loading probes.
     let mut totals = run_tests(cargo().args(["test", "--locked"]))?;
