@@ -29,8 +29,8 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::{
+    process::{capture, is_root, run_cmd},
     setup::apt_packages,
-    tasks::{capture, is_root, run_cmd},
 };
 
 pub const DIR: &str = "/tmp/stackprobe-lab";

@@ -1,14 +1,17 @@
-//! Orchestration: `cargo xtask setup | build | run | install | test`.
+//! Orchestration: `cargo xtask setup | build | run | install | test`, and
+//! the checks and benchmarks around them.
 //! The eBPF object itself is built by cli/build.rs (aya-build); this only
 //! makes sure the tools it needs are there, and drives cargo.
 
 mod bench;
 mod lab;
+mod module_graph;
+mod process;
 mod setup;
 mod tasks;
 mod vm;
 
-use std::process::ExitCode;
+use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
@@ -33,13 +36,23 @@ enum Task {
     },
     /// Set up, build and install `stackprobe` into /usr/local/bin.
     Install,
-    /// Set up, then run the whole test suite: formatting, clippy, unit tests,
-    /// the root-only integration tests that load the real probes, and the
-    /// probe tests again inside Debian's 6.1 and 6.12 kernels under qemu.
+    /// Set up, then run the whole test suite: formatting, clippy, module
+    /// cycles (check-modules), unit tests, the root-only integration tests
+    /// that load the real probes, and the probe tests again inside Debian's
+    /// 6.1 and 6.12 kernels under qemu.
     Test {
         /// Skip the qemu kernels (a quicker local run; CI runs them).
         #[arg(long)]
         no_vm: bool,
+    },
+    /// Fails if the modules of a crate depend on each other in a cycle.
+    /// With no DIRS, the source roots `test` checks.
+    CheckModules {
+        /// The workspace whose source roots are checked (default: this one).
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// Source roots relative to --root, e.g. cli/src.
+        dirs: Vec<String>,
     },
     /// Benchmarks (as root). Without a subcommand: everything, written to
     /// BENCHMARKS.md; `accept`, `fork`, `churn`: one probe-cost table.
@@ -103,6 +116,14 @@ fn main() -> ExitCode {
         Task::Test { no_vm } => setup::run()
             .and_then(|()| setup::apt_packages(&lab::PACKAGES))
             .and_then(|()| tasks::test(!no_vm)),
+        Task::CheckModules { root, dirs } => {
+            let root = root.unwrap_or_else(process::workspace_root);
+            if dirs.is_empty() {
+                module_graph::check(&root, &module_graph::CHECKED)
+            } else {
+                module_graph::check(&root, &dirs)
+            }
+        }
         Task::VmTest(args) => setup::run().and_then(|()| vm::run(&args).map(|_| ())),
         Task::Lab { which } => match which {
             Lab::Up => lab::up(),

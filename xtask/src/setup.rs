@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use crate::tasks::{capture, run_cmd};
+use crate::process::{capture, run_cmd};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests use: setpriv (util-linux) drops privileges in the

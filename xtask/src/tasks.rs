@@ -2,48 +2,16 @@
 
 use std::{
     io::{BufRead as _, BufReader},
-    path::PathBuf,
     process::{Command, Stdio},
 };
 
 use anyhow::{Context as _, Result, bail};
 
-pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask sits in the workspace")
-        .to_path_buf()
-}
-
-fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(workspace_root());
-    cmd
-}
-
-pub fn run_cmd(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
-}
-
-pub fn capture(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stderr(Stdio::null())
-        .output()
-        .with_context(|| format!("starting {cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?} failed: {}", out.status);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+use crate::{
+    module_graph,
+    process::{cargo, is_root, run_cmd, workspace_root},
+    vm,
+};
 
 pub fn build() -> Result<()> {
     run_cmd(cargo().args(["build", "--release", "--locked", "--bins"]))
@@ -99,11 +67,12 @@ pub fn test(vm: bool) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    module_graph::check(&workspace_root(), &module_graph::CHECKED)?;
     // Integration test binaries in one crate run one after another, and the
     // tests inside each take a lock before loading probes.
     let mut totals = run_tests(cargo().args(["test", "--locked"]))?;
     if vm {
-        let (passed, failed) = crate::vm::run(&crate::vm::VmArgs::ci())?;
+        let (passed, failed) = vm::run(&vm::VmArgs::ci())?;
         totals.passed += passed;
         totals.failed += failed;
     }

@@ -18,8 +18,8 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::{
+    process::{capture, cargo, is_root, run_cmd, workspace_root},
     setup,
-    tasks::{capture, is_root, run_cmd, workspace_root},
 };
 
 /// What qemu, the initramfs and the kernel's module tree need.
@@ -203,17 +203,16 @@ fn select(names: &[String]) -> Result<Vec<&'static KernelSpec>> {
 /// Builds the test binaries (and the binaries they drive) and returns their
 /// paths.
 fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(workspace_root())
-        .args([
-            "test",
-            "--release",
-            "--locked",
-            "--no-run",
-            "-p",
-            "stackprobe",
-        ])
-        .args(["--message-format", "json"]);
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--release",
+        "--locked",
+        "--no-run",
+        "-p",
+        "stackprobe",
+    ])
+    .args(["--message-format", "json"]);
     for t in tests {
         cmd.args(["--test", t]);
     }

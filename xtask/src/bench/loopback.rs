@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{Result, ensure};
 
-use crate::tasks;
+use crate::process;
 
 pub struct Loopback {
     child: Child,
@@ -77,5 +77,5 @@ impl Drop for Loopback {
 
 /// The release build's `stackprobe-loopback`.
 pub fn bin() -> std::path::PathBuf {
-    tasks::workspace_root().join("target/release/stackprobe-loopback")
+    process::workspace_root().join("target/release/stackprobe-loopback")
 }

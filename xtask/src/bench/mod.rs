@@ -21,7 +21,7 @@ use std::{fmt::Write as _, fs, process::Command, time::Instant};
 
 use anyhow::{Result, ensure};
 
-use crate::{lab, setup, tasks};
+use crate::{lab, process, setup, tasks};
 
 pub use probe_cost::{ACCEPT, CHURN, FORK};
 
@@ -48,7 +48,7 @@ impl Drop for BpfStats {
 /// What every benchmark needs: root, bpftrace and bpftool, a release build.
 pub fn prepare() -> Result<()> {
     ensure!(
-        tasks::is_root(),
+        process::is_root(),
         "the benchmarks load kernel probes: run them as root"
     );
     setup::apt_packages(&["bpftrace", "bpftool"])?;
@@ -103,7 +103,7 @@ pub fn all(scale: &Scale) -> Result<()> {
         "\n---\nThe whole run took {:.0} s.",
         started.elapsed().as_secs_f64()
     );
-    let path = tasks::workspace_root().join("BENCHMARKS.md");
+    let path = process::workspace_root().join("BENCHMARKS.md");
     fs::write(&path, &md)?;
     print!("{md}");
     eprintln!("bench: wrote {}", path.display());
@@ -111,7 +111,7 @@ pub fn all(scale: &Scale) -> Result<()> {
 }
 
 fn header(scale: &Scale) -> Result<String> {
-    let kernel = tasks::capture(Command::new("uname").arg("-r"))?;
+    let kernel = process::capture(Command::new("uname").arg("-r"))?;
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -129,14 +129,14 @@ fn header(scale: &Scale) -> Result<String> {
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
         .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
-    let commit = tasks::capture(
+    let commit = process::capture(
         Command::new("git")
             .args(["-C"])
-            .arg(tasks::workspace_root())
+            .arg(process::workspace_root())
             .args(["rev-parse", "--short", "HEAD"]),
     )
     .unwrap_or_default();
-    let date = tasks::capture(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?;
+    let date = process::capture(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?;
     Ok(format!(
         "# Benchmarks\n\n\
          Produced by `cargo xtask bench{}` (as root) on {}, commit {}.\n\
@@ -147,7 +147,7 @@ fn header(scale: &Scale) -> Result<String> {
         date.trim(),
         commit.trim(),
         kernel.trim(),
-        tasks::capture(Command::new("bpftrace").arg("--version"))
+        process::capture(Command::new("bpftrace").arg("--version"))
             .unwrap_or_default()
             .trim()
             .trim_start_matches("bpftrace ")

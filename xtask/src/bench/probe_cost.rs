@@ -21,7 +21,7 @@ use super::{
     loopback::{self, Loopback},
     tracer::bpftrace_command,
 };
-use crate::tasks;
+use crate::process;
 
 /// A loopback workload, the programs it exercises and bpftrace's equivalent.
 pub struct Workload {
@@ -195,7 +195,7 @@ fn load(server: &mut Loopback, w: &Workload, n: u64) -> Result<f64> {
     let (command, reply) = (w.command)(n);
     server.send(&command)?;
     let start = Instant::now();
-    tasks::run_cmd(
+    process::run_cmd(
         Command::new(loopback::bin())
             .args(["connect", "tcp", &server.addr, &n.to_string()])
             .stdout(Stdio::null()),
@@ -235,7 +235,7 @@ fn baseline(w: &Workload, n: u64) -> Result<Cost> {
 
 fn stackprobe(w: &Workload, n: u64) -> Result<Cost> {
     let mut server = Loopback::start(&["--max-seconds", "600"])?;
-    let mut sp = Command::new(tasks::workspace_root().join("target/release/stackprobe"))
+    let mut sp = Command::new(process::workspace_root().join("target/release/stackprobe"))
         .args([
             "watch",
             "--pid",

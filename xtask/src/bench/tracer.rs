@@ -38,7 +38,7 @@ pub fn bpftrace_command() -> Command {
 impl Tracer {
     /// `stackprobe ARGS` (release build), attached when it says so on stderr.
     pub fn stackprobe(args: &[&str]) -> Result<Self> {
-        let bin = crate::tasks::workspace_root().join("target/release/stackprobe");
+        let bin = crate::process::workspace_root().join("target/release/stackprobe");
         let mut cmd = Command::new(bin);
         cmd.args(args);
         Self::start(cmd, "probes attached")
