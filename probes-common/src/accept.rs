@@ -42,6 +42,8 @@ pub struct AcceptStart {
     pub _pad: u32,
 }
 
+crate::assert_layout!(AcceptStart, 24, { start_ns: 0, sk: 8, tid: 16, _pad: 20 });
+
 /// One-entry array: [`SOCK_FROM_HOOK`] when the hook on `inet_csk_accept`
 /// is attached and fills [`AcceptStart::sk`], so the exit skips the fd walk.
 pub const ACCEPT_CONFIG_MAP: &str = "ACCEPT_CONFIG";
@@ -72,6 +74,17 @@ pub struct AcceptEvent {
     pub queue_wait_ns: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+crate::assert_layout!(AcceptEvent, 56, {
+    kind: 0,
+    tgid: 4,
+    tid: 8,
+    conn_fd: 12,
+    start_ns: 16,
+    latency_ns: 24,
+    queue_wait_ns: 32,
+    comm: 40,
+});
 
 #[cfg(feature = "user")]
 mod user {

@@ -54,6 +54,8 @@ pub struct ForkStart {
     pub flags_known: u32,
 }
 
+crate::assert_layout!(ForkStart, 24, { start_ns: 0, flags: 8, tid: 16, flags_known: 20 });
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ForkEvent {
@@ -71,6 +73,18 @@ pub struct ForkEvent {
     pub latency_ns: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+crate::assert_layout!(ForkEvent, 56, {
+    kind: 0,
+    tgid: 4,
+    tid: 8,
+    ret: 12,
+    flags: 16,
+    flags_known: 24,
+    _pad: 28,
+    latency_ns: 32,
+    comm: 40,
+});
 
 #[cfg(feature = "user")]
 mod user {

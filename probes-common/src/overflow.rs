@@ -53,6 +53,8 @@ pub struct OverflowKey {
     pub bucket: u16,
 }
 
+crate::assert_layout!(OverflowKey, 8, { tgid: 0, metric: 4, bucket: 6 });
+
 /// Sub-buckets per power of two: 2^3 = 8, so a bucket is at most 1/8 of its
 /// lower bound wide.
 const SUB_BITS: u32 = 3;

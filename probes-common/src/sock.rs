@@ -60,6 +60,19 @@ pub struct TcpSocket {
     pub max_ack_backlog: u32,
 }
 
+crate::assert_layout!(TcpSocket, 56, {
+    family: 0,
+    state: 2,
+    _pad: 3,
+    lport: 4,
+    rport_be: 6,
+    laddr: 8,
+    raddr: 24,
+    ino: 40,
+    ack_backlog: 48,
+    max_ack_backlog: 52,
+});
+
 #[cfg(feature = "user")]
 mod user {
     unsafe impl aya::Pod for super::TcpSocket {}
@@ -117,10 +130,30 @@ pub struct TcpStateEvent {
     pub _pad2: u16,
     pub laddr: [u8; 16],
     pub raddr: [u8; 16],
+    /// Explicit so `ts_ns` is 8-aligned with no implicit padding.
+    pub _pad3: u32,
     pub ts_ns: u64,
     /// The owner's comm when `by_owner` (its own context), else zeros.
     pub comm: [u8; crate::TASK_COMM_LEN],
 }
+
+crate::assert_layout!(TcpStateEvent, 80, {
+    kind: 0,
+    owner: 4,
+    oldstate: 8,
+    newstate: 9,
+    by_owner: 10,
+    _pad: 11,
+    family: 12,
+    lport: 14,
+    rport: 16,
+    _pad2: 18,
+    laddr: 20,
+    raddr: 36,
+    _pad3: 52,
+    ts_ns: 56,
+    comm: 64,
+});
 
 #[cfg(feature = "user")]
 mod user_state {

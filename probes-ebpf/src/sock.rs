@@ -269,6 +269,7 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         _pad2: 0,
         laddr,
         raddr,
+        _pad3: 0,
         ts_ns,
         comm: if by_owner {
             bpf_get_current_comm().unwrap_or([0; 16])
