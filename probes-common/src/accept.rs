@@ -2,22 +2,29 @@
 //! paired per thread in the kernel, and each successful accept becomes one
 //! [`AcceptEvent`].
 
-use crate::TASK_COMM_LEN;
+use crate::{TASK_COMM_LEN, offsets::MemberOffset};
 
 /// Array of [`AcceptStart`] slots (see [`crate::DEFAULT_SLOTS`]).
 pub const ACCEPT_START_MAP: &str = "ACCEPT_START";
 /// Global holding the offset of `ret` in `sys_exit_accept{,4}`.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "ACCEPT_EXIT_RET_OFFSET";
 
-/// Offsets for walking from the accepted fd to its socket
-/// (current->files->fdt->fd[fd]->private_data->sk), from BTF.
-pub const FD_WALK_GLOBALS: [&str; 5] = [
-    "TASK_FILES",
-    "FILES_FDT",
-    "FDTABLE_FD",
-    "FILE_PRIVATE_DATA",
-    "SOCKET_SK",
-];
+/// The members walked from the accepted fd to its socket
+/// (current->files->fdt->fd[fd]->private_data->sk), each at the offset in
+/// its global (see [`crate::offsets`]).
+#[macro_export]
+macro_rules! accept_fd_walk_members {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            TASK_FILES: task_struct.files,
+            FILES_FDT: files_struct.fdt,
+            FDTABLE_FD: fdtable.fd,
+            FILE_PRIVATE_DATA: file.private_data,
+            SOCKET_SK: socket.sk,
+        }
+    };
+}
+pub const FD_WALK_MEMBERS: &[MemberOffset] = &accept_fd_walk_members!(crate::member_table);
 
 /// `queue_wait_ns` when the accepted connection's establishment was not seen
 /// (a unix socket, an unwatched listener, or established before attach).

@@ -2,7 +2,7 @@
 //! and exit are paired per thread, and each call that created a task becomes
 //! one [`ForkEvent`].
 
-use crate::TASK_COMM_LEN;
+use crate::{TASK_COMM_LEN, offsets::MemberOffset};
 
 /// Array of [`ForkStart`] slots (see [`crate::DEFAULT_SLOTS`]).
 pub const FORK_START_MAP: &str = "FORK_START";
@@ -14,8 +14,17 @@ pub const CLONE3_UARGS_OFFSET_GLOBAL: &str = "CLONE3_UARGS_OFFSET";
 /// `ret` in the four `sys_exit_*` records.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "FORK_EXIT_RET_OFFSET";
 
-/// `flags` in `struct kernel_clone_args`, for the kernel_clone rungs.
-pub const KERNEL_CLONE_FLAGS_OFFSET_GLOBAL: &str = "KERNEL_CLONE_FLAGS_OFFSET";
+/// `flags` in `struct kernel_clone_args`, for the kernel_clone rungs (see
+/// [`crate::offsets`]). Kernels before 5.10 have neither.
+#[macro_export]
+macro_rules! fork_kernel_clone_members {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            KERNEL_CLONE_FLAGS_OFFSET: kernel_clone_args.flags,
+        }
+    };
+}
+pub const KERNEL_CLONE_MEMBERS: &[MemberOffset] = &fork_kernel_clone_members!(crate::member_table);
 /// The kernel function every clone/fork syscall calls (5.10+; `_do_fork` before).
 pub const KERNEL_CLONE: &str = "kernel_clone";
 pub const FENTRY_PROGRAM: &str = "kernel_clone_fentry";

@@ -10,6 +10,7 @@ pub mod event;
 pub mod fork;
 pub mod layout;
 pub mod lifecycle;
+pub mod offsets;
 pub mod overflow;
 pub mod sock;
 pub mod stats;

@@ -1,26 +1,35 @@
 //! TCP sockets: a snapshot of every TCP socket from the `iter/tcp` BPF
 //! iterator (TIME_WAIT and LISTEN included, as `ss -tan` shows them).
 
+use crate::offsets::{FieldOffset, MemberOffset};
+
 /// The iterator program; each run writes one [`TcpSocket`] per socket.
 pub const ITER_PROGRAM: &str = "tcp_sockets";
 
-/// Offsets into kernel structs, from BTF at load time. One global each.
-pub const OFFSET_GLOBALS: [&str; 14] = [
-    "SKC_DADDR",
-    "SKC_RCV_SADDR",
-    "SKC_DPORT",
-    "SKC_NUM",
-    "SKC_FAMILY",
-    "SKC_STATE",
-    "SKC_V6_DADDR",
-    "SKC_V6_RCV_SADDR",
-    "SK_ACK_BACKLOG",
-    "SK_MAX_ACK_BACKLOG",
-    "SK_SOCKET",
-    "SOCKET_FILE",
-    "FILE_INODE",
-    "INODE_INO",
-];
+/// The kernel struct members the iterator reads, each at the offset in its
+/// global (see [`crate::offsets`]).
+#[macro_export]
+macro_rules! sock_iter_members {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            SKC_DADDR: sock.__sk_common.skc_daddr,
+            SKC_RCV_SADDR: sock.__sk_common.skc_rcv_saddr,
+            SKC_DPORT: sock.__sk_common.skc_dport,
+            SKC_NUM: sock.__sk_common.skc_num,
+            SKC_FAMILY: sock.__sk_common.skc_family,
+            SKC_STATE: sock.__sk_common.skc_state,
+            SKC_V6_DADDR: sock.__sk_common.skc_v6_daddr,
+            SKC_V6_RCV_SADDR: sock.__sk_common.skc_v6_rcv_saddr,
+            SK_ACK_BACKLOG: sock.sk_ack_backlog,
+            SK_MAX_ACK_BACKLOG: sock.sk_max_ack_backlog,
+            SK_SOCKET: sock.sk_socket,
+            SOCKET_FILE: socket.file,
+            FILE_INODE: file.f_inode,
+            INODE_INO: inode.i_ino,
+        }
+    };
+}
+pub const ITER_MEMBERS: &[MemberOffset] = &sock_iter_members!(crate::member_table);
 
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
@@ -90,25 +99,27 @@ pub const TRACKED_MAX_ENTRIES: u32 = 65536;
 pub const LISTEN_OWNERS_MAP: &str = "LISTEN_OWNERS";
 pub const LISTEN_OWNERS_MAX_ENTRIES: u32 = 4096;
 
-/// Offsets in the `inet_sock_set_state` record, from tracefs.
-pub const STATE_OFFSET_GLOBALS: [&str; 11] = [
-    "TP_SKADDR",
-    "TP_OLDSTATE",
-    "TP_NEWSTATE",
-    "TP_SPORT",
-    "TP_DPORT",
-    "TP_FAMILY",
-    "TP_PROTOCOL",
-    "TP_SADDR",
-    "TP_DADDR",
-    "TP_SADDR_V6",
-    "TP_DADDR_V6",
-];
-/// The record fields those globals locate, in the same order.
-pub const STATE_FIELDS: [&str; 11] = [
-    "skaddr", "oldstate", "newstate", "sport", "dport", "family", "protocol", "saddr", "daddr",
-    "saddr_v6", "daddr_v6",
-];
+/// The `inet_sock_set_state` record fields `tcp_state` reads, each at the
+/// offset in its global (see [`crate::offsets`]).
+#[macro_export]
+macro_rules! sock_state_fields {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            TP_SKADDR: skaddr,
+            TP_OLDSTATE: oldstate,
+            TP_NEWSTATE: newstate,
+            TP_SPORT: sport,
+            TP_DPORT: dport,
+            TP_FAMILY: family,
+            TP_PROTOCOL: protocol,
+            TP_SADDR: saddr,
+            TP_DADDR: daddr,
+            TP_SADDR_V6: saddr_v6,
+            TP_DADDR_V6: daddr_v6,
+        }
+    };
+}
+pub const STATE_FIELDS: &[FieldOffset] = &sock_state_fields!(crate::field_table);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -25,7 +25,7 @@ use probes_common::{
     stats::Stat,
 };
 
-use crate::{events, overflow, slots, watch::is_watched};
+use crate::{events, offsets::offset_globals, overflow, slots, watch::is_watched};
 
 #[map]
 static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -36,9 +36,7 @@ static CLONE_FLAGS_OFFSET: Global<u32> = Global::new(16);
 static CLONE3_UARGS_OFFSET: Global<u32> = Global::new(16);
 #[unsafe(no_mangle)]
 static FORK_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
-/// Offset of `flags` in `struct kernel_clone_args`, from BTF.
-#[unsafe(no_mangle)]
-static KERNEL_CLONE_FLAGS_OFFSET: Global<u32> = Global::new(0);
+probes_common::fork_kernel_clone_members!(offset_globals);
 
 /// Records the start of a clone by a watched process, with its flags if they
 /// can be read (only read once the process is known to be watched).

@@ -26,33 +26,9 @@ use probes_common::{
     stats::Stat,
 };
 
-use crate::{events, watch::is_watched};
+use crate::{events, offsets::offset_globals, watch::is_watched};
 
-macro_rules! offsets {
-    ($($name:ident),*) => {
-        $(
-            #[unsafe(no_mangle)]
-            static $name: Global<u32> = Global::new(0);
-        )*
-    };
-}
-
-offsets!(
-    SKC_DADDR,
-    SKC_RCV_SADDR,
-    SKC_DPORT,
-    SKC_NUM,
-    SKC_FAMILY,
-    SKC_STATE,
-    SKC_V6_DADDR,
-    SKC_V6_RCV_SADDR,
-    SK_ACK_BACKLOG,
-    SK_MAX_ACK_BACKLOG,
-    SK_SOCKET,
-    SOCKET_FILE,
-    FILE_INODE,
-    INODE_INO
-);
+probes_common::sock_iter_members!(offset_globals);
 
 #[inline(always)]
 unsafe fn read<T: Copy>(base: *const u8, offset: &Global<u32>) -> Option<T> {
@@ -130,19 +106,7 @@ unsafe fn inode(sk: *const u8) -> Option<u64> {
     }
 }
 
-offsets!(
-    TP_SKADDR,
-    TP_OLDSTATE,
-    TP_NEWSTATE,
-    TP_SPORT,
-    TP_DPORT,
-    TP_FAMILY,
-    TP_PROTOCOL,
-    TP_SADDR,
-    TP_DADDR,
-    TP_SADDR_V6,
-    TP_DADDR_V6
-);
+probes_common::sock_state_fields!(offset_globals);
 
 #[map]
 static TRACKED: LruHashMap<u64, u32> = LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);

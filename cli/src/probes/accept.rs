@@ -10,7 +10,7 @@ use aya::{
 };
 use probes_common::accept::{
     ACCEPT_CONFIG_MAP, ACCEPT_START_MAP, ENTER_PROGRAM, ENTER_TRACEPOINTS, EXIT_PROGRAM,
-    EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FD_WALK_GLOBALS, FEXIT_PROGRAMS, INET_CSK_ACCEPT,
+    EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FD_WALK_MEMBERS, FEXIT_PROGRAMS, INET_CSK_ACCEPT,
     KRETPROBE_PROGRAM, SOCK_FROM_HOOK,
 };
 
@@ -62,15 +62,8 @@ impl QueueHook {
 /// accept and accept4, so their layouts must agree), and the in-flight slots.
 pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
     let ret = tracefs.same_offset("syscalls", &EXIT_TRACEPOINTS, "ret", 8)?;
-    let fd_walk = [
-        btf.member_offset("task_struct", "files")?,
-        btf.member_offset("files_struct", "fdt")?,
-        btf.member_offset("fdtable", "fd")?,
-        btf.member_offset("file", "private_data")?,
-        btf.member_offset("socket", "sk")?,
-    ];
     let mut globals = vec![(EXIT_RET_OFFSET_GLOBAL, ret)];
-    globals.extend(FD_WALK_GLOBALS.iter().copied().zip(fd_walk));
+    globals.extend(btf.offsets(FD_WALK_MEMBERS)?);
     Ok(Setup {
         globals,
         map_sizes: vec![(ACCEPT_START_MAP, slots)],

@@ -11,7 +11,7 @@ use probes_common::fork::{
     CLONE_FLAGS_OFFSET_GLOBAL, CLONE3_UARGS_OFFSET_GLOBAL, ENTER_CLONE_PROGRAM,
     ENTER_CLONE3_PROGRAM, ENTER_FORK_PROGRAM, ENTER_FORK_TRACEPOINTS, EXIT_PROGRAM,
     EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FENTRY_PROGRAM, FEXIT_PROGRAM, FORK_START_MAP,
-    KERNEL_CLONE, KERNEL_CLONE_FLAGS_OFFSET_GLOBAL, KPROBE_PROGRAM, KRETPROBE_PROGRAM,
+    KERNEL_CLONE, KERNEL_CLONE_MEMBERS, KPROBE_PROGRAM, KRETPROBE_PROGRAM,
 };
 
 use super::{
@@ -65,8 +65,8 @@ pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
     ];
     // A kernel without struct kernel_clone_args (before 5.10) has no
     // kernel_clone either: its rungs then fail to load and the tracepoints serve.
-    if let Ok(offset) = btf.member_offset("kernel_clone_args", "flags") {
-        globals.push((KERNEL_CLONE_FLAGS_OFFSET_GLOBAL, offset));
+    if let Ok(offsets) = btf.offsets(KERNEL_CLONE_MEMBERS) {
+        globals.extend(offsets);
     }
     Ok(Setup {
         globals,

@@ -11,8 +11,7 @@ use aya::{
     programs::Iter,
 };
 use probes_common::sock::{
-    ITER_PROGRAM, LISTEN_OWNERS_MAP, OFFSET_GLOBALS, STATE_FIELDS, STATE_OFFSET_GLOBALS,
-    STATE_PROGRAM,
+    ITER_MEMBERS, ITER_PROGRAM, LISTEN_OWNERS_MAP, STATE_FIELDS, STATE_PROGRAM,
 };
 
 use super::{
@@ -24,28 +23,12 @@ use super::{
 use crate::model::sockets::TcpSock;
 
 pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
-    let sock = |path: &[&str]| btf.path_offset("sock", path);
-    let offsets = [
-        sock(&["__sk_common", "skc_daddr"])?,
-        sock(&["__sk_common", "skc_rcv_saddr"])?,
-        sock(&["__sk_common", "skc_dport"])?,
-        sock(&["__sk_common", "skc_num"])?,
-        sock(&["__sk_common", "skc_family"])?,
-        sock(&["__sk_common", "skc_state"])?,
-        sock(&["__sk_common", "skc_v6_daddr"])?,
-        sock(&["__sk_common", "skc_v6_rcv_saddr"])?,
-        sock(&["sk_ack_backlog"])?,
-        sock(&["sk_max_ack_backlog"])?,
-        sock(&["sk_socket"])?,
-        btf.member_offset("socket", "file")?,
-        btf.member_offset("file", "f_inode")?,
-        btf.member_offset("inode", "i_ino")?,
-    ];
-    let mut globals: Vec<(&'static str, u32)> =
-        OFFSET_GLOBALS.iter().copied().zip(offsets).collect();
-    for (global, field) in STATE_OFFSET_GLOBALS.iter().zip(STATE_FIELDS) {
-        let offset = tracefs.field("sock", "inet_sock_set_state", field)?.offset;
-        globals.push((global, offset));
+    let mut globals = btf.offsets(ITER_MEMBERS)?;
+    for f in STATE_FIELDS {
+        let offset = tracefs
+            .field("sock", "inet_sock_set_state", f.field)?
+            .offset;
+        globals.push((f.global, offset));
     }
     Ok(Setup {
         globals,
