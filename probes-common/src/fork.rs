@@ -52,6 +52,28 @@ pub const FORK_FLAGS: u64 = 17; // SIGCHLD
 /// vfork(2): CLONE_VFORK | CLONE_VM | SIGCHLD.
 pub const VFORK_FLAGS: u64 = 0x4000 | 0x100 | 17;
 
+/// What a clone created, from its flags: the rule both the kernel (folding
+/// a sample under a metric) and userspace (reading an event) apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskKind {
+    Process,
+    Thread,
+    /// The clone started before the probes attached, so its flags were not seen.
+    Unknown,
+}
+
+impl TaskKind {
+    /// `flags`: the clone's flags, None when they were not seen.
+    #[inline(always)]
+    pub fn from_flags(flags: Option<u64>) -> Self {
+        match flags {
+            Some(f) if f & CLONE_THREAD != 0 => Self::Thread,
+            Some(_) => Self::Process,
+            None => Self::Unknown,
+        }
+    }
+}
+
 /// A clone in flight: `start_ns` is 0 when the slot is free.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -99,4 +121,21 @@ crate::assert_layout!(ForkEvent, 56, {
 mod user {
     unsafe impl aya::Pod for super::ForkStart {}
     unsafe impl aya::Pod for super::ForkEvent {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clone_thread_makes_a_thread_and_unseen_flags_an_unknown() {
+        assert_eq!(TaskKind::from_flags(Some(FORK_FLAGS)), TaskKind::Process);
+        assert_eq!(TaskKind::from_flags(Some(VFORK_FLAGS)), TaskKind::Process);
+        // pthread_create's flags: CLONE_VM | CLONE_FS | CLONE_FILES |
+        // CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM | CLONE_SETTLS |
+        // CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID.
+        assert_eq!(TaskKind::from_flags(Some(0x003d_0f00)), TaskKind::Thread);
+        assert_eq!(TaskKind::from_flags(Some(CLONE_THREAD)), TaskKind::Thread);
+        assert_eq!(TaskKind::from_flags(None), TaskKind::Unknown);
+    }
 }

@@ -20,7 +20,7 @@ use aya_ebpf::{
 use probes_common::{
     DEFAULT_SLOTS,
     event::EventKind,
-    fork::{CLONE_THREAD, FORK_FLAGS, ForkEvent, ForkStart},
+    fork::{FORK_FLAGS, ForkEvent, ForkStart, TaskKind},
     overflow::OverflowMetric,
     stats::Stat,
 };
@@ -152,17 +152,8 @@ fn finish(ret: i64) {
     let tgid = (pid_tgid >> 32) as u32;
     let latency_ns = now.saturating_sub(start_ns);
     let Some(mut entry) = events::reserve::<ForkEvent>(Stat::LostFork) else {
-        // The same classification userspace makes of a ForkEvent.
-        let metric = if ret < 0 {
-            OverflowMetric::ForkFailed
-        } else if flags_known == 0 {
-            OverflowMetric::ForkUnknown
-        } else if flags & CLONE_THREAD != 0 {
-            OverflowMetric::Thread
-        } else {
-            OverflowMetric::Fork
-        };
-        overflow::fold(tgid, metric, latency_ns);
+        let kind = TaskKind::from_flags((flags_known != 0).then_some(flags));
+        overflow::fold(tgid, OverflowMetric::of_clone(ret, kind), latency_ns);
         return;
     };
     entry.write(ForkEvent {

@@ -19,9 +19,9 @@ use aya_ebpf::{
 use probes_common::{
     event::EventKind,
     sock::{
-        AF_INET, AF_INET6, LISTEN_OWNERS_MAX_ENTRIES, TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN,
-        TCP_NEW_SYN_RECV, TCP_SYN_RECV, TCP_TIME_WAIT, TRACKED_MAX_ENTRIES, TcpSocket,
-        TcpStateEvent,
+        AF_INET, AF_INET6, LISTEN_OWNERS_MAX_ENTRIES, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_ESTABLISHED,
+        TCP_FIN_WAIT1, TCP_LAST_ACK, TCP_LISTEN, TCP_NEW_SYN_RECV, TCP_SYN_RECV, TCP_SYN_SENT,
+        TCP_TIME_WAIT, TRACKED_MAX_ENTRIES, TcpSocket, TcpStateEvent,
     },
     stats::Stat,
 };
@@ -137,17 +137,13 @@ const IPPROTO_TCP: u16 = 6;
 /// record's `common_flags` do not tell reliably: 6.18 sets the softirq bit for
 /// listen()).
 #[inline(always)]
-fn by_owner(old: i32, new: i32) -> bool {
-    const CLOSE: i32 = TCP_CLOSE as i32;
+fn by_owner(old: u8, new: u8) -> bool {
     matches!(
         (old, new),
-        (CLOSE, 2 /* SYN_SENT */)
-            | (CLOSE, 10 /* LISTEN */)
-            | (
-                1 /* ESTABLISHED */ | 3, /* SYN_RECV */
-                4                        /* FIN_WAIT1 */
-            )
-            | (8 /* CLOSE_WAIT */, 9 /* LAST_ACK */)
+        (TCP_CLOSE, TCP_SYN_SENT)
+            | (TCP_CLOSE, TCP_LISTEN)
+            | (TCP_ESTABLISHED | TCP_SYN_RECV, TCP_FIN_WAIT1)
+            | (TCP_CLOSE_WAIT, TCP_LAST_ACK)
     )
 }
 
@@ -162,8 +158,9 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let sk: u64 = field(&ctx, &TP_SKADDR);
-    let old: i32 = field(&ctx, &TP_OLDSTATE);
-    let new: i32 = field(&ctx, &TP_NEWSTATE);
+    // Ints in the record; TCP states fit a byte (the event keeps a byte).
+    let old = field::<i32>(&ctx, &TP_OLDSTATE) as u8;
+    let new = field::<i32>(&ctx, &TP_NEWSTATE) as u8;
     let lport: u16 = field(&ctx, &TP_SPORT);
     let by_owner = by_owner(old, new);
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -176,7 +173,7 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         tgid
     } else if let Some(owner) = tracked {
         owner
-    } else if old == TCP_SYN_RECV as i32 && new == TCP_ESTABLISHED as i32 {
+    } else if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
         match unsafe { LISTEN_OWNERS.get(u32::from(lport)) } {
             Some(owner) => *owner,
             None => return 0,
@@ -186,13 +183,13 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     };
 
     let ts_ns = unsafe { bpf_ktime_get_ns() };
-    if old == TCP_SYN_RECV as i32 && new == TCP_ESTABLISHED as i32 {
+    if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
         let _ = ESTABLISHED_AT.insert(sk, ts_ns, 0);
     }
-    if new == TCP_CLOSE as i32 {
+    if new == TCP_CLOSE {
         let _ = TRACKED.remove(sk);
         let _ = ESTABLISHED_AT.remove(sk);
-        if old == TCP_LISTEN as i32 {
+        if old == TCP_LISTEN {
             let _ = LISTEN_OWNERS.remove(u32::from(lport));
         }
     } else {
@@ -201,7 +198,7 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         if tracked != Some(owner) {
             let _ = TRACKED.insert(sk, owner, 0);
         }
-        if new == TCP_LISTEN as i32 {
+        if new == TCP_LISTEN {
             let _ = LISTEN_OWNERS.insert(u32::from(lport), owner, 0);
         }
     }
@@ -223,8 +220,8 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     entry.write(TcpStateEvent {
         kind: EventKind::TcpState as u32,
         owner,
-        oldstate: old as u8,
-        newstate: new as u8,
+        oldstate: old,
+        newstate: new,
         by_owner: by_owner as u8,
         _pad: 0,
         family,
