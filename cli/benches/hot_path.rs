@@ -21,7 +21,7 @@ use stackprobe::{
         process::{LiveProcess, ProcessTable},
         report::{Drops, Report, ReportKind},
     },
-    probes::events,
+    probes::decode,
     view,
 };
 
@@ -202,7 +202,7 @@ fn per_event(c: &mut Criterion) {
     group.bench_function("decode", |b| {
         b.iter(|| {
             for bytes in records.iter() {
-                black_box(events::decode(black_box(bytes)));
+                black_box(decode::decode(black_box(bytes)));
             }
         });
     });
@@ -210,12 +210,12 @@ fn per_event(c: &mut Criterion) {
     // A first pass allocates every histogram the batch touches (once per
     // process in a real run), so the measurement sees the steady state.
     for bytes in records.iter() {
-        table.apply(&events::decode(bytes).expect("valid record"));
+        table.apply(&decode::decode(bytes).expect("valid record"));
     }
     group.bench_function("decode_and_record", |b| {
         b.iter(|| {
             for bytes in records.iter() {
-                if let Some(event) = events::decode(black_box(bytes)) {
+                if let Some(event) = decode::decode(black_box(bytes)) {
                     table.apply(&event);
                 }
             }

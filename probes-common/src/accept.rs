@@ -2,22 +2,29 @@
 //! paired per thread in the kernel, and each successful accept becomes one
 //! [`AcceptEvent`].
 
-use crate::TASK_COMM_LEN;
+use crate::{TASK_COMM_LEN, offsets::MemberOffset};
 
 /// Array of [`AcceptStart`] slots (see [`crate::DEFAULT_SLOTS`]).
 pub const ACCEPT_START_MAP: &str = "ACCEPT_START";
 /// Global holding the offset of `ret` in `sys_exit_accept{,4}`.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "ACCEPT_EXIT_RET_OFFSET";
 
-/// Offsets for walking from the accepted fd to its socket
-/// (current->files->fdt->fd[fd]->private_data->sk), from BTF.
-pub const FD_WALK_GLOBALS: [&str; 5] = [
-    "TASK_FILES",
-    "FILES_FDT",
-    "FDTABLE_FD",
-    "FILE_PRIVATE_DATA",
-    "SOCKET_SK",
-];
+/// The members walked from the accepted fd to its socket
+/// (current->files->fdt->fd[fd]->private_data->sk), each at the offset in
+/// its global (see [`crate::offsets`]).
+#[macro_export]
+macro_rules! accept_fd_walk_members {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            TASK_FILES: task_struct.files,
+            FILES_FDT: files_struct.fdt,
+            FDTABLE_FD: fdtable.fd,
+            FILE_PRIVATE_DATA: file.private_data,
+            SOCKET_SK: socket.sk,
+        }
+    };
+}
+pub const FD_WALK_MEMBERS: &[MemberOffset] = &accept_fd_walk_members!(crate::member_table);
 
 /// `queue_wait_ns` when the accepted connection's establishment was not seen
 /// (a unix socket, an unwatched listener, or established before attach).
@@ -41,6 +48,8 @@ pub struct AcceptStart {
     /// Explicit so the type has no implicit padding.
     pub _pad: u32,
 }
+
+crate::assert_layout!(AcceptStart, 24, { start_ns: 0, sk: 8, tid: 16, _pad: 20 });
 
 /// One-entry array: [`SOCK_FROM_HOOK`] when the hook on `inet_csk_accept`
 /// is attached and fills [`AcceptStart::sk`], so the exit skips the fd walk.
@@ -72,6 +81,17 @@ pub struct AcceptEvent {
     pub queue_wait_ns: u64,
     pub comm: [u8; TASK_COMM_LEN],
 }
+
+crate::assert_layout!(AcceptEvent, 56, {
+    kind: 0,
+    tgid: 4,
+    tid: 8,
+    conn_fd: 12,
+    start_ns: 16,
+    latency_ns: 24,
+    queue_wait_ns: 32,
+    comm: 40,
+});
 
 #[cfg(feature = "user")]
 mod user {

@@ -1,13 +1,16 @@
 //! Types shared by the kernel programs (`probes-ebpf`) and userspace (`cli`).
 //!
 //! Everything here is `#[repr(C)]` and `Copy`, with explicit padding fields so
-//! both sides agree on the layout byte for byte.
+//! both sides agree on the layout byte for byte; each record's layout is
+//! asserted at compile time ([`assert_layout!`]), on both sides' targets.
 #![no_std]
 
 pub mod accept;
 pub mod event;
 pub mod fork;
+pub mod layout;
 pub mod lifecycle;
+pub mod offsets;
 pub mod overflow;
 pub mod sock;
 pub mod stats;

@@ -22,6 +22,18 @@ pub struct SpawnEvent {
     pub comm: [u8; TASK_COMM_LEN],
 }
 
+crate::assert_layout!(SpawnEvent, 56, {
+    kind: 0,
+    parent_tgid: 4,
+    parent_tid: 8,
+    child: 12,
+    flags: 16,
+    flags_known: 24,
+    _pad: 28,
+    ts_ns: 32,
+    comm: 40,
+});
+
 /// `sched_process_exec` in a watched process; `comm` is the new program's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -33,6 +45,8 @@ pub struct ExecEvent {
     pub comm: [u8; TASK_COMM_LEN],
 }
 
+crate::assert_layout!(ExecEvent, 32, { kind: 0, tgid: 4, ts_ns: 8, comm: 16 });
+
 /// `sched_process_exit` of a watched process's main thread.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +56,8 @@ pub struct ExitEvent {
     pub tgid: u32,
     pub ts_ns: u64,
 }
+
+crate::assert_layout!(ExitEvent, 16, { kind: 0, tgid: 4, ts_ns: 8 });
 
 #[cfg(feature = "user")]
 mod user {

@@ -4,6 +4,8 @@
 //! precision (a sample becomes its bucket's midpoint, within 6.25%), never
 //! the count.
 
+use crate::fork::TaskKind;
+
 /// Per-CPU hash of [`OverflowKey`] → samples in that bucket.
 pub const OVERFLOW_MAP: &str = "OVERFLOW";
 /// Distinct (process, metric, bucket) triples kept; past that a folded
@@ -30,6 +32,21 @@ pub enum OverflowMetric {
 }
 
 impl OverflowMetric {
+    /// The metric a clone's sample is folded under: a failed clone (`ret` a
+    /// negative errno) first, then by what it created, as userspace counts
+    /// the samples it receives.
+    #[inline(always)]
+    pub fn of_clone(ret: i64, kind: TaskKind) -> Self {
+        if ret < 0 {
+            return Self::ForkFailed;
+        }
+        match kind {
+            TaskKind::Process => Self::Fork,
+            TaskKind::Thread => Self::Thread,
+            TaskKind::Unknown => Self::ForkUnknown,
+        }
+    }
+
     pub fn from_u16(metric: u16) -> Option<Self> {
         match metric {
             0 => Some(Self::Accept),
@@ -52,6 +69,8 @@ pub struct OverflowKey {
     /// See [`bucket_of`].
     pub bucket: u16,
 }
+
+crate::assert_layout!(OverflowKey, 8, { tgid: 0, metric: 4, bucket: 6 });
 
 /// Sub-buckets per power of two: 2^3 = 8, so a bucket is at most 1/8 of its
 /// lower bound wide.
@@ -113,6 +132,16 @@ mod user {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_clones_are_told_apart_before_their_kind() {
+        use OverflowMetric::*;
+        assert_eq!(OverflowMetric::of_clone(-11, TaskKind::Thread), ForkFailed);
+        assert_eq!(OverflowMetric::of_clone(-1, TaskKind::Unknown), ForkFailed);
+        assert_eq!(OverflowMetric::of_clone(0, TaskKind::Process), Fork);
+        assert_eq!(OverflowMetric::of_clone(42, TaskKind::Thread), Thread);
+        assert_eq!(OverflowMetric::of_clone(42, TaskKind::Unknown), ForkUnknown);
+    }
 
     #[test]
     fn log2_matches_leading_zeros() {

@@ -1,26 +1,35 @@
 //! TCP sockets: a snapshot of every TCP socket from the `iter/tcp` BPF
 //! iterator (TIME_WAIT and LISTEN included, as `ss -tan` shows them).
 
+use crate::offsets::{FieldOffset, MemberOffset};
+
 /// The iterator program; each run writes one [`TcpSocket`] per socket.
 pub const ITER_PROGRAM: &str = "tcp_sockets";
 
-/// Offsets into kernel structs, from BTF at load time. One global each.
-pub const OFFSET_GLOBALS: [&str; 14] = [
-    "SKC_DADDR",
-    "SKC_RCV_SADDR",
-    "SKC_DPORT",
-    "SKC_NUM",
-    "SKC_FAMILY",
-    "SKC_STATE",
-    "SKC_V6_DADDR",
-    "SKC_V6_RCV_SADDR",
-    "SK_ACK_BACKLOG",
-    "SK_MAX_ACK_BACKLOG",
-    "SK_SOCKET",
-    "SOCKET_FILE",
-    "FILE_INODE",
-    "INODE_INO",
-];
+/// The kernel struct members the iterator reads, each at the offset in its
+/// global (see [`crate::offsets`]).
+#[macro_export]
+macro_rules! sock_iter_members {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            SKC_DADDR: sock.__sk_common.skc_daddr,
+            SKC_RCV_SADDR: sock.__sk_common.skc_rcv_saddr,
+            SKC_DPORT: sock.__sk_common.skc_dport,
+            SKC_NUM: sock.__sk_common.skc_num,
+            SKC_FAMILY: sock.__sk_common.skc_family,
+            SKC_STATE: sock.__sk_common.skc_state,
+            SKC_V6_DADDR: sock.__sk_common.skc_v6_daddr,
+            SKC_V6_RCV_SADDR: sock.__sk_common.skc_v6_rcv_saddr,
+            SK_ACK_BACKLOG: sock.sk_ack_backlog,
+            SK_MAX_ACK_BACKLOG: sock.sk_max_ack_backlog,
+            SK_SOCKET: sock.sk_socket,
+            SOCKET_FILE: socket.file,
+            FILE_INODE: file.f_inode,
+            INODE_INO: inode.i_ino,
+        }
+    };
+}
+pub const ITER_MEMBERS: &[MemberOffset] = &sock_iter_members!(crate::member_table);
 
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
@@ -60,6 +69,19 @@ pub struct TcpSocket {
     pub max_ack_backlog: u32,
 }
 
+crate::assert_layout!(TcpSocket, 56, {
+    family: 0,
+    state: 2,
+    _pad: 3,
+    lport: 4,
+    rport_be: 6,
+    laddr: 8,
+    raddr: 24,
+    ino: 40,
+    ack_backlog: 48,
+    max_ack_backlog: 52,
+});
+
 #[cfg(feature = "user")]
 mod user {
     unsafe impl aya::Pod for super::TcpSocket {}
@@ -77,25 +99,27 @@ pub const TRACKED_MAX_ENTRIES: u32 = 65536;
 pub const LISTEN_OWNERS_MAP: &str = "LISTEN_OWNERS";
 pub const LISTEN_OWNERS_MAX_ENTRIES: u32 = 4096;
 
-/// Offsets in the `inet_sock_set_state` record, from tracefs.
-pub const STATE_OFFSET_GLOBALS: [&str; 11] = [
-    "TP_SKADDR",
-    "TP_OLDSTATE",
-    "TP_NEWSTATE",
-    "TP_SPORT",
-    "TP_DPORT",
-    "TP_FAMILY",
-    "TP_PROTOCOL",
-    "TP_SADDR",
-    "TP_DADDR",
-    "TP_SADDR_V6",
-    "TP_DADDR_V6",
-];
-/// The record fields those globals locate, in the same order.
-pub const STATE_FIELDS: [&str; 11] = [
-    "skaddr", "oldstate", "newstate", "sport", "dport", "family", "protocol", "saddr", "daddr",
-    "saddr_v6", "daddr_v6",
-];
+/// The `inet_sock_set_state` record fields `tcp_state` reads, each at the
+/// offset in its global (see [`crate::offsets`]).
+#[macro_export]
+macro_rules! sock_state_fields {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            TP_SKADDR: skaddr,
+            TP_OLDSTATE: oldstate,
+            TP_NEWSTATE: newstate,
+            TP_SPORT: sport,
+            TP_DPORT: dport,
+            TP_FAMILY: family,
+            TP_PROTOCOL: protocol,
+            TP_SADDR: saddr,
+            TP_DADDR: daddr,
+            TP_SADDR_V6: saddr_v6,
+            TP_DADDR_V6: daddr_v6,
+        }
+    };
+}
+pub const STATE_FIELDS: &[FieldOffset] = &sock_state_fields!(crate::field_table);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -117,10 +141,30 @@ pub struct TcpStateEvent {
     pub _pad2: u16,
     pub laddr: [u8; 16],
     pub raddr: [u8; 16],
+    /// Explicit so `ts_ns` is 8-aligned with no implicit padding.
+    pub _pad3: u32,
     pub ts_ns: u64,
     /// The owner's comm when `by_owner` (its own context), else zeros.
     pub comm: [u8; crate::TASK_COMM_LEN],
 }
+
+crate::assert_layout!(TcpStateEvent, 80, {
+    kind: 0,
+    owner: 4,
+    oldstate: 8,
+    newstate: 9,
+    by_owner: 10,
+    _pad: 11,
+    family: 12,
+    lport: 14,
+    rport: 16,
+    _pad2: 18,
+    laddr: 20,
+    raddr: 36,
+    _pad3: 52,
+    ts_ns: 56,
+    comm: 64,
+});
 
 #[cfg(feature = "user")]
 mod user_state {

@@ -3,9 +3,24 @@
 
 pub const STATS_MAP: &str = "STATS";
 
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stat {
+/// Declares [`Stat`] and [`Stat::ALL`] from one list, so a new counter is in
+/// both (and so in the map's size) or in neither.
+macro_rules! stats {
+    ($($(#[$doc:meta])* $name:ident = $index:literal,)+) => {
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Stat {
+            $($(#[$doc])* $name = $index,)+
+        }
+
+        impl Stat {
+            /// Every counter, in index order.
+            pub const ALL: [Stat; [$($index),+].len()] = [$(Stat::$name),+];
+        }
+    };
+}
+
+stats! {
     /// An accept could not be timed because another watched thread's accept
     /// took its slot (only when `pid_max` exceeds the slot count).
     AcceptSlotShared = 0,
@@ -30,4 +45,31 @@ pub enum Stat {
     OverflowFull = 9,
 }
 
-pub const STAT_COUNT: u32 = 10;
+/// Entries in the per-CPU counter array: one per [`Stat`].
+pub const STAT_COUNT: u32 = Stat::ALL.len() as u32;
+
+// The counters index an array: each one's index is its place in the list,
+// so none is out of the array or shares a slot.
+const _: () = {
+    let mut i = 0;
+    while i < Stat::ALL.len() {
+        assert!(
+            Stat::ALL[i] as usize == i,
+            "Stat indexes must be 0, 1, 2, ..."
+        );
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_counter_has_its_own_slot_in_the_array() {
+        assert_eq!(STAT_COUNT, 10);
+        assert_eq!(Stat::ALL.first(), Some(&Stat::AcceptSlotShared));
+        assert_eq!(Stat::ALL.last(), Some(&Stat::OverflowFull));
+        assert!(Stat::ALL.iter().all(|&s| (s as u32) < STAT_COUNT));
+    }
+}

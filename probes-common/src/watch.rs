@@ -47,3 +47,56 @@ impl WatchReason {
         }
     }
 }
+
+/// Where a trailing version starts in a process name (`php-fpm8.2` → 7,
+/// `postgres15` → 8): its last run of digits and dots, unless that run is
+/// the whole name (`123` stays `123`). The name ends at its first NUL (a
+/// NUL-padded comm) or at the end of `name`. None when there is nothing to
+/// cut. The kernel cuts comm at exec with it, userspace names from /proc,
+/// so `watch php-fpm` finds Debian's versioned binaries either way.
+#[inline(always)]
+pub fn version_start(name: &[u8]) -> Option<usize> {
+    let mut run_start = None;
+    for (i, &c) in name.iter().enumerate() {
+        if c == 0 {
+            break;
+        }
+        if c.is_ascii_digit() || c == b'.' {
+            if run_start.is_none() {
+                run_start = Some(i);
+            }
+        } else {
+            run_start = None;
+        }
+    }
+    run_start.filter(|&start| start > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trailing_run_of_digits_and_dots_is_the_version() {
+        assert_eq!(version_start(b"php-fpm8.2"), Some(7));
+        assert_eq!(version_start(b"postgres15"), Some(8));
+        assert_eq!(version_start(b"python3.11"), Some(6));
+        assert_eq!(version_start(b"v1a2"), Some(3));
+        assert_eq!(version_start(b"nginx"), None);
+        assert_eq!(version_start(b"123"), None);
+        assert_eq!(version_start(b"1.2"), None);
+        assert_eq!(version_start(b""), None);
+    }
+
+    #[test]
+    fn a_comm_ends_at_its_first_nul() {
+        assert_eq!(version_start(b"php-fpm8.2\0\0\0\0\0\0"), Some(7));
+        // Bytes after the NUL are not the name's.
+        let mut comm = [0u8; 16];
+        comm[..5].copy_from_slice(b"nginx");
+        comm[7] = b'7';
+        assert_eq!(version_start(&comm), None);
+        assert_eq!(version_start(b"42\0\0\0\0\0\0\0\0\0\0\0\0\0\0"), None);
+        assert_eq!(version_start(b"a-very-long-d15"), Some(13));
+    }
+}

@@ -19,7 +19,7 @@ use probes_common::{
     stats::Stat,
 };
 
-use crate::{events, overflow, slots, sock, watch::is_watched};
+use crate::{events, offsets::offset_globals, overflow, slots, sock, watch::is_watched};
 
 #[map]
 static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -30,16 +30,7 @@ static ACCEPT_CONFIG: Array<u32> = Array::with_max_entries(1, 0);
 #[unsafe(no_mangle)]
 static ACCEPT_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
 
-#[unsafe(no_mangle)]
-static TASK_FILES: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static FILES_FDT: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static FDTABLE_FD: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static FILE_PRIVATE_DATA: Global<u32> = Global::new(0);
-#[unsafe(no_mangle)]
-static SOCKET_SK: Global<u32> = Global::new(0);
+probes_common::accept_fd_walk_members!(offset_globals);
 
 #[inline(always)]
 unsafe fn deref(base: u64, offset: &Global<u32>) -> Option<u64> {

@@ -20,12 +20,12 @@ use aya_ebpf::{
 use probes_common::{
     DEFAULT_SLOTS,
     event::EventKind,
-    fork::{CLONE_THREAD, FORK_FLAGS, ForkEvent, ForkStart},
+    fork::{FORK_FLAGS, ForkEvent, ForkStart, TaskKind},
     overflow::OverflowMetric,
     stats::Stat,
 };
 
-use crate::{events, overflow, slots, watch::is_watched};
+use crate::{events, offsets::offset_globals, overflow, slots, watch::is_watched};
 
 #[map]
 static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -36,9 +36,7 @@ static CLONE_FLAGS_OFFSET: Global<u32> = Global::new(16);
 static CLONE3_UARGS_OFFSET: Global<u32> = Global::new(16);
 #[unsafe(no_mangle)]
 static FORK_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
-/// Offset of `flags` in `struct kernel_clone_args`, from BTF.
-#[unsafe(no_mangle)]
-static KERNEL_CLONE_FLAGS_OFFSET: Global<u32> = Global::new(0);
+probes_common::fork_kernel_clone_members!(offset_globals);
 
 /// Records the start of a clone by a watched process, with its flags if they
 /// can be read (only read once the process is known to be watched).
@@ -154,17 +152,8 @@ fn finish(ret: i64) {
     let tgid = (pid_tgid >> 32) as u32;
     let latency_ns = now.saturating_sub(start_ns);
     let Some(mut entry) = events::reserve::<ForkEvent>(Stat::LostFork) else {
-        // The same classification userspace makes of a ForkEvent.
-        let metric = if ret < 0 {
-            OverflowMetric::ForkFailed
-        } else if flags_known == 0 {
-            OverflowMetric::ForkUnknown
-        } else if flags & CLONE_THREAD != 0 {
-            OverflowMetric::Thread
-        } else {
-            OverflowMetric::Fork
-        };
-        overflow::fold(tgid, metric, latency_ns);
+        let kind = TaskKind::from_flags((flags_known != 0).then_some(flags));
+        overflow::fold(tgid, OverflowMetric::of_clone(ret, kind), latency_ns);
         return;
     };
     entry.write(ForkEvent {

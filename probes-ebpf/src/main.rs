@@ -7,6 +7,7 @@ mod accept;
 mod events;
 mod fork;
 mod hooks;
+mod offsets;
 mod overflow;
 mod slots;
 mod sock;

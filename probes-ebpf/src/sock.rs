@@ -19,40 +19,16 @@ use aya_ebpf::{
 use probes_common::{
     event::EventKind,
     sock::{
-        AF_INET, AF_INET6, LISTEN_OWNERS_MAX_ENTRIES, TCP_CLOSE, TCP_ESTABLISHED, TCP_LISTEN,
-        TCP_NEW_SYN_RECV, TCP_SYN_RECV, TCP_TIME_WAIT, TRACKED_MAX_ENTRIES, TcpSocket,
-        TcpStateEvent,
+        AF_INET, AF_INET6, LISTEN_OWNERS_MAX_ENTRIES, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_ESTABLISHED,
+        TCP_FIN_WAIT1, TCP_LAST_ACK, TCP_LISTEN, TCP_NEW_SYN_RECV, TCP_SYN_RECV, TCP_SYN_SENT,
+        TCP_TIME_WAIT, TRACKED_MAX_ENTRIES, TcpSocket, TcpStateEvent,
     },
     stats::Stat,
 };
 
-use crate::{events, watch::is_watched};
+use crate::{events, offsets::offset_globals, watch::is_watched};
 
-macro_rules! offsets {
-    ($($name:ident),*) => {
-        $(
-            #[unsafe(no_mangle)]
-            static $name: Global<u32> = Global::new(0);
-        )*
-    };
-}
-
-offsets!(
-    SKC_DADDR,
-    SKC_RCV_SADDR,
-    SKC_DPORT,
-    SKC_NUM,
-    SKC_FAMILY,
-    SKC_STATE,
-    SKC_V6_DADDR,
-    SKC_V6_RCV_SADDR,
-    SK_ACK_BACKLOG,
-    SK_MAX_ACK_BACKLOG,
-    SK_SOCKET,
-    SOCKET_FILE,
-    FILE_INODE,
-    INODE_INO
-);
+probes_common::sock_iter_members!(offset_globals);
 
 #[inline(always)]
 unsafe fn read<T: Copy>(base: *const u8, offset: &Global<u32>) -> Option<T> {
@@ -130,19 +106,7 @@ unsafe fn inode(sk: *const u8) -> Option<u64> {
     }
 }
 
-offsets!(
-    TP_SKADDR,
-    TP_OLDSTATE,
-    TP_NEWSTATE,
-    TP_SPORT,
-    TP_DPORT,
-    TP_FAMILY,
-    TP_PROTOCOL,
-    TP_SADDR,
-    TP_DADDR,
-    TP_SADDR_V6,
-    TP_DADDR_V6
-);
+probes_common::sock_state_fields!(offset_globals);
 
 #[map]
 static TRACKED: LruHashMap<u64, u32> = LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
@@ -173,17 +137,13 @@ const IPPROTO_TCP: u16 = 6;
 /// record's `common_flags` do not tell reliably: 6.18 sets the softirq bit for
 /// listen()).
 #[inline(always)]
-fn by_owner(old: i32, new: i32) -> bool {
-    const CLOSE: i32 = TCP_CLOSE as i32;
+fn by_owner(old: u8, new: u8) -> bool {
     matches!(
         (old, new),
-        (CLOSE, 2 /* SYN_SENT */)
-            | (CLOSE, 10 /* LISTEN */)
-            | (
-                1 /* ESTABLISHED */ | 3, /* SYN_RECV */
-                4                        /* FIN_WAIT1 */
-            )
-            | (8 /* CLOSE_WAIT */, 9 /* LAST_ACK */)
+        (TCP_CLOSE, TCP_SYN_SENT)
+            | (TCP_CLOSE, TCP_LISTEN)
+            | (TCP_ESTABLISHED | TCP_SYN_RECV, TCP_FIN_WAIT1)
+            | (TCP_CLOSE_WAIT, TCP_LAST_ACK)
     )
 }
 
@@ -198,8 +158,9 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let sk: u64 = field(&ctx, &TP_SKADDR);
-    let old: i32 = field(&ctx, &TP_OLDSTATE);
-    let new: i32 = field(&ctx, &TP_NEWSTATE);
+    // Ints in the record; TCP states fit a byte (the event keeps a byte).
+    let old = field::<i32>(&ctx, &TP_OLDSTATE) as u8;
+    let new = field::<i32>(&ctx, &TP_NEWSTATE) as u8;
     let lport: u16 = field(&ctx, &TP_SPORT);
     let by_owner = by_owner(old, new);
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -212,7 +173,7 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         tgid
     } else if let Some(owner) = tracked {
         owner
-    } else if old == TCP_SYN_RECV as i32 && new == TCP_ESTABLISHED as i32 {
+    } else if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
         match unsafe { LISTEN_OWNERS.get(u32::from(lport)) } {
             Some(owner) => *owner,
             None => return 0,
@@ -222,13 +183,13 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     };
 
     let ts_ns = unsafe { bpf_ktime_get_ns() };
-    if old == TCP_SYN_RECV as i32 && new == TCP_ESTABLISHED as i32 {
+    if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
         let _ = ESTABLISHED_AT.insert(sk, ts_ns, 0);
     }
-    if new == TCP_CLOSE as i32 {
+    if new == TCP_CLOSE {
         let _ = TRACKED.remove(sk);
         let _ = ESTABLISHED_AT.remove(sk);
-        if old == TCP_LISTEN as i32 {
+        if old == TCP_LISTEN {
             let _ = LISTEN_OWNERS.remove(u32::from(lport));
         }
     } else {
@@ -237,7 +198,7 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         if tracked != Some(owner) {
             let _ = TRACKED.insert(sk, owner, 0);
         }
-        if new == TCP_LISTEN as i32 {
+        if new == TCP_LISTEN {
             let _ = LISTEN_OWNERS.insert(u32::from(lport), owner, 0);
         }
     }
@@ -259,8 +220,8 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     entry.write(TcpStateEvent {
         kind: EventKind::TcpState as u32,
         owner,
-        oldstate: old as u8,
-        newstate: new as u8,
+        oldstate: old,
+        newstate: new,
         by_owner: by_owner as u8,
         _pad: 0,
         family,
@@ -269,6 +230,7 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         _pad2: 0,
         laddr,
         raddr,
+        _pad3: 0,
         ts_ns,
         comm: if by_owner {
             bpf_get_current_comm().unwrap_or([0; 16])

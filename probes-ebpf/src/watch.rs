@@ -18,6 +18,7 @@ use probes_common::{
     stats::Stat,
     watch::{
         PIDS_PER_CHUNK, WATCHED_DEFAULT_CHUNKS, WATCHED_NAMES_MAX_ENTRIES, WatchChunk, WatchReason,
+        version_start,
     },
 };
 
@@ -151,32 +152,15 @@ pub fn watch_exit(_ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Cuts a trailing run of digits and dots (`php-fpm8.2` → `php-fpm`), unless
-/// that would leave nothing; returns whether it cut. The same rule as
-/// `Selector::matches_name` in userspace.
+/// Cuts comm's trailing version (`php-fpm8.2` → `php-fpm`, see
+/// `version_start`); returns whether there was one.
 #[inline(always)]
 fn strip_version(comm: &mut [u8; TASK_COMM_LEN]) -> bool {
-    const NONE: usize = TASK_COMM_LEN;
-    let mut len = TASK_COMM_LEN;
-    let mut run_start = NONE;
-    for (i, &c) in comm.iter().enumerate() {
-        if c == 0 {
-            len = i;
-            break;
-        }
-        if c.is_ascii_digit() || c == b'.' {
-            if run_start == NONE {
-                run_start = i;
-            }
-        } else {
-            run_start = NONE;
-        }
-    }
-    if run_start == 0 || run_start >= len {
+    let Some(start) = version_start(comm) else {
         return false;
-    }
+    };
     for (i, c) in comm.iter_mut().enumerate() {
-        if i >= run_start {
+        if i >= start {
             *c = 0;
         }
     }

@@ -3,6 +3,9 @@
 
 use std::net::SocketAddr;
 
+/// What a clone created: the kernel folds samples by the same rule.
+pub use probes_common::fork::TaskKind;
+
 use super::sockets::TcpState;
 
 /// A successful accept.
@@ -16,26 +19,6 @@ pub struct AcceptSample {
     /// From the TCP handshake completing to this accept returning it; None
     /// when not seen (unix sockets, connections established before attach).
     pub queue_wait_ns: Option<u64>,
-}
-
-/// What a clone created, from its flags.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TaskKind {
-    Process,
-    Thread,
-    /// The clone started before the probes attached, so its flags were not seen.
-    Unknown,
-}
-
-impl TaskKind {
-    pub fn from_flags(flags: Option<u64>) -> Self {
-        const CLONE_THREAD: u64 = 0x0001_0000;
-        match flags {
-            Some(f) if f & CLONE_THREAD != 0 => Self::Thread,
-            Some(_) => Self::Process,
-            None => Self::Unknown,
-        }
-    }
 }
 
 /// A clone/clone3/fork/vfork call returned in a watched process.

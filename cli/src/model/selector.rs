@@ -1,8 +1,10 @@
 //! Which processes `stackprobe watch` selects: by name (the process's comm or
 //! its executable's basename) or by pid. The kernel applies the same name rule
-//! at exec (probes-ebpf/src/watch.rs), on comm alone.
+//! at exec (probes-ebpf/src/watch.rs), on comm alone; the version rule both
+//! use is probes_common::watch::version_start.
 
 use anyhow::{Result, bail};
+use probes_common::watch::version_start;
 
 /// `task_struct::comm` holds 15 bytes and a NUL.
 pub const COMM_MAX: usize = 15;
@@ -74,10 +76,14 @@ fn truncate_comm(name: &str) -> &str {
     &name[..end]
 }
 
-/// Drops a trailing run of digits and dots, unless that would leave nothing.
+/// Drops a trailing run of digits and dots, unless that would leave nothing:
+/// the kernel's rule at exec (probes_common::watch::version_start).
 pub fn strip_version(name: &str) -> &str {
-    let stripped = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
-    if stripped.is_empty() { name } else { stripped }
+    // The cut is before an ASCII byte, so on a char boundary.
+    match version_start(name.as_bytes()) {
+        Some(start) => &name[..start],
+        None => name,
+    }
 }
 
 #[cfg(test)]

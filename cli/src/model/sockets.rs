@@ -2,6 +2,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use probes_common::sock::{
+    TCP_CLOSE, TCP_CLOSE_WAIT, TCP_CLOSING, TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2,
+    TCP_LAST_ACK, TCP_LISTEN, TCP_NEW_SYN_RECV, TCP_SYN_RECV, TCP_SYN_SENT, TCP_TIME_WAIT,
+};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TcpState {
     Established,
@@ -19,22 +24,23 @@ pub enum TcpState {
 }
 
 impl TcpState {
-    /// The kernel's numbering (include/net/tcp_states.h).
+    /// From the kernel's number for it (probes_common::sock, after
+    /// include/net/tcp_states.h).
     pub fn from_kernel(state: u8) -> Option<Self> {
         use TcpState::*;
         Some(match state {
-            1 => Established,
-            2 => SynSent,
-            3 => SynRecv,
-            4 => FinWait1,
-            5 => FinWait2,
-            6 => TimeWait,
-            7 => Close,
-            8 => CloseWait,
-            9 => LastAck,
-            10 => Listen,
-            11 => Closing,
-            12 => NewSynRecv,
+            TCP_ESTABLISHED => Established,
+            TCP_SYN_SENT => SynSent,
+            TCP_SYN_RECV => SynRecv,
+            TCP_FIN_WAIT1 => FinWait1,
+            TCP_FIN_WAIT2 => FinWait2,
+            TCP_TIME_WAIT => TimeWait,
+            TCP_CLOSE => Close,
+            TCP_CLOSE_WAIT => CloseWait,
+            TCP_LAST_ACK => LastAck,
+            TCP_LISTEN => Listen,
+            TCP_CLOSING => Closing,
+            TCP_NEW_SYN_RECV => NewSynRecv,
             _ => return None,
         })
     }

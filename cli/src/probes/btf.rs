@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use probes_common::offsets::MemberOffset;
 
 const MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
@@ -215,6 +216,14 @@ impl KernelBtf {
         Ok(bits / 8)
     }
 
+    /// Each global of `table` with the offset of its member on this kernel.
+    pub fn offsets(&self, table: &[MemberOffset]) -> Result<Vec<(&'static str, u32)>> {
+        table
+            .iter()
+            .map(|m| Ok((m.global, self.path_offset(m.btf_struct, m.path)?)))
+            .collect()
+    }
+
     fn find(&self, id: u32, member: &str) -> Option<u32> {
         self.find_with_type(id, member).map(|(bits, _)| bits)
     }
@@ -361,5 +370,30 @@ mod tests {
         assert!([2, 4].contains(&accept_args), "{accept_args}");
         assert!(btf.func_param_count("no_such_function").is_err());
         assert!(btf.member_offset("file", "private_data").is_ok());
+        // Every member the probes read is on this kernel.
+        let iter = btf.offsets(probes_common::sock::ITER_MEMBERS).unwrap();
+        assert_eq!(iter.len(), probes_common::sock::ITER_MEMBERS.len());
+        assert_eq!(iter[4], ("SKC_FAMILY", family));
+        let walk = btf.offsets(probes_common::accept::FD_WALK_MEMBERS).unwrap();
+        assert_eq!(
+            walk[0],
+            (
+                "TASK_FILES",
+                btf.member_offset("task_struct", "files").unwrap()
+            )
+        );
+        assert!(
+            btf.offsets(probes_common::fork::KERNEL_CLONE_MEMBERS)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_table_entry_the_kernel_lacks_is_an_error() {
+        let btf = KernelBtf::parse(&blob()).unwrap();
+        let table = probes_common::member_table!(D_Y: outer.d.y, C: outer.c);
+        assert_eq!(btf.offsets(&table).unwrap(), [("D_Y", 12), ("C", 4)]);
+        let missing = probes_common::member_table!(A: outer.a, NOPE: outer.nope);
+        assert!(btf.offsets(&missing).is_err());
     }
 }

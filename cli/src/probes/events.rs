@@ -1,48 +1,19 @@
 //! The collector: drains the ring buffer and turns each record into a model
-//! event. The probes do not wake us per event, so the caller drains on a short
+//! event (see `decode`). The probes do not wake us per event, so the caller drains on a short
 //! timer as well as when the kernel signals a filling ring.
 
 use std::io;
 
 use aya::maps::{MapData, RingBuf};
-use probes_common::event::EventKind;
 use tokio::io::unix::AsyncFd;
 
-use super::{accept, fork, sock, watch};
+use super::decode::decode;
 use crate::model::event::Event;
 
 /// How often the consumer drains without a wakeup. 4 MiB of ring holds ~75k
 /// accept events, so this keeps up with several hundred thousand events/s
 /// when the consumer gets the CPU it needs.
 pub const DRAIN_PERIOD: std::time::Duration = std::time::Duration::from_millis(50);
-
-pub fn decode(bytes: &[u8]) -> Option<Event> {
-    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
-    match EventKind::from_u32(kind)? {
-        EventKind::Accept => accept::decode(bytes).map(Event::Accept),
-        EventKind::Fork => fork::decode(bytes).map(Event::Fork),
-        EventKind::Spawn => watch::decode_spawn(bytes).map(Event::Spawn),
-        EventKind::Exec => watch::decode_exec(bytes).map(Event::Exec),
-        EventKind::Exit => watch::decode_exit(bytes).map(Event::Exit),
-        EventKind::TcpState => sock::decode_state(bytes).map(Event::TcpState),
-    }
-}
-
-/// Reads a plain-old-data record of type `T` from a ring buffer item.
-pub(super) fn read_record<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
-    if bytes.len() < size_of::<T>() {
-        return None;
-    }
-    // SAFETY: T is plain old data (aya::Pod) and the length was checked; the
-    // ring buffer gives no alignment guarantee beyond 8, hence read_unaligned.
-    Some(unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
-}
-
-/// A NUL-padded comm as a string.
-pub(super) fn comm_to_string(comm: &[u8]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
-}
 
 pub struct EventStream {
     ring: AsyncFd<RingBuf<MapData>>,

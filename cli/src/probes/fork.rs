@@ -1,6 +1,6 @@
 //! Userspace side of the clone probes (kernel side: probes-ebpf/src/fork.rs):
-//! setup before load, the choice of hook, attachment, and decoding their
-//! events.
+//! setup before load, the choice of hook and attachment (their events are
+//! decoded in `decode`).
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
@@ -11,16 +11,14 @@ use probes_common::fork::{
     CLONE_FLAGS_OFFSET_GLOBAL, CLONE3_UARGS_OFFSET_GLOBAL, ENTER_CLONE_PROGRAM,
     ENTER_CLONE3_PROGRAM, ENTER_FORK_PROGRAM, ENTER_FORK_TRACEPOINTS, EXIT_PROGRAM,
     EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FENTRY_PROGRAM, FEXIT_PROGRAM, FORK_START_MAP,
-    ForkEvent, KERNEL_CLONE, KERNEL_CLONE_FLAGS_OFFSET_GLOBAL, KPROBE_PROGRAM, KRETPROBE_PROGRAM,
+    KERNEL_CLONE, KERNEL_CLONE_MEMBERS, KPROBE_PROGRAM, KRETPROBE_PROGRAM,
 };
 
 use super::{
     btf::KernelBtf,
-    events::{comm_to_string, read_record},
     loader::{Setup, attach_tracepoints, program},
     tracefs::Tracefs,
 };
-use crate::model::event::{ForkSample, TaskKind};
 
 /// Where fork latency is measured, best first: each gives the same sample
 /// (the parent's clone, start to return, with its flags), the kernel_clone
@@ -67,8 +65,8 @@ pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
     ];
     // A kernel without struct kernel_clone_args (before 5.10) has no
     // kernel_clone either: its rungs then fail to load and the tracepoints serve.
-    if let Ok(offset) = btf.member_offset("kernel_clone_args", "flags") {
-        globals.push((KERNEL_CLONE_FLAGS_OFFSET_GLOBAL, offset));
+    if let Ok(offsets) = btf.offsets(KERNEL_CLONE_MEMBERS) {
+        globals.extend(offsets);
     }
     Ok(Setup {
         globals,
@@ -193,52 +191,5 @@ fn unload(ebpf: &mut Ebpf, rung: ForkHook) {
                 }
             }
         }
-    }
-}
-
-pub fn decode(bytes: &[u8]) -> Option<ForkSample> {
-    let e: ForkEvent = read_record(bytes)?;
-    Some(ForkSample {
-        tgid: e.tgid,
-        tid: e.tid,
-        comm: comm_to_string(&e.comm),
-        ret: e.ret,
-        kind: TaskKind::from_flags((e.flags_known != 0).then_some(e.flags)),
-        latency_ns: e.latency_ns,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use probes_common::{event::EventKind, fork::CLONE_THREAD};
-
-    fn bytes_of<T>(v: &T) -> &[u8] {
-        // SAFETY: viewing a plain-old-data struct without padding as bytes.
-        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
-    }
-
-    #[test]
-    fn decodes_threads_processes_and_unknown_kinds() {
-        let event = |flags: u64, known: u32| ForkEvent {
-            kind: EventKind::Fork as u32,
-            tgid: 10,
-            tid: 11,
-            ret: 12,
-            flags,
-            flags_known: known,
-            _pad: 0,
-            latency_ns: 900,
-            comm: [0; 16],
-        };
-        let thread = event(CLONE_THREAD | 0x100, 1);
-        let process = event(17, 1);
-        let unknown = event(CLONE_THREAD, 0);
-        assert_eq!(decode(bytes_of(&thread)).unwrap().kind, TaskKind::Thread);
-        assert_eq!(decode(bytes_of(&process)).unwrap().kind, TaskKind::Process);
-        assert_eq!(decode(bytes_of(&unknown)).unwrap().kind, TaskKind::Unknown);
-        let s = decode(bytes_of(&process)).unwrap();
-        assert_eq!((s.tgid, s.tid, s.ret, s.latency_ns), (10, 11, 12, 900));
-        assert!(decode(&bytes_of(&process)[..20]).is_none());
     }
 }

@@ -1,9 +1,11 @@
 //! Everything that talks to the kernel: preflight checks, tracefs layouts,
 //! loading and attaching the probes, and collecting their events. One module
-//! per probe, mirroring probes-ebpf.
+//! per probe, mirroring probes-ebpf; the records they send are decoded in one
+//! place, `decode`.
 
 pub mod accept;
 pub mod btf;
+pub mod decode;
 pub mod events;
 pub mod fork;
 pub mod hooks;

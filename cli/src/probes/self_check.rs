@@ -22,7 +22,7 @@ use aya::{
 };
 use probes_common::{event::EVENTS_MAP, sock::LISTEN_OWNERS_MAP};
 
-use super::{events, sock, watch::WatchSet};
+use super::{decode, sock, watch::WatchSet};
 use crate::model::{event::Event, sockets::TcpState};
 
 /// Runs the check; the probes must be attached, and nothing else watched yet.
@@ -48,7 +48,7 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
     )?;
     let mut accepted_fds = Vec::new();
     while let Some(item) = ring.next() {
-        if let Some(Event::Accept(a)) = events::decode(&item)
+        if let Some(Event::Accept(a)) = decode::decode(&item)
             && a.tgid == me
             && a.queue_wait_ns.is_some()
         {

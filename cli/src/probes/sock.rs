@@ -1,6 +1,6 @@
 //! Userspace side of the TCP socket probes (kernel side:
 //! probes-ebpf/src/sock.rs): struct offsets from BTF, and snapshots of every
-//! TCP socket through the `iter/tcp` iterator.
+//! TCP socket through the `iter/tcp` iterator (decoded in `decode`).
 
 use std::io::Read as _;
 
@@ -11,44 +11,24 @@ use aya::{
     programs::Iter,
 };
 use probes_common::sock::{
-    AF_INET6, ITER_PROGRAM, LISTEN_OWNERS_MAP, OFFSET_GLOBALS, STATE_FIELDS, STATE_OFFSET_GLOBALS,
-    STATE_PROGRAM, TcpSocket, TcpStateEvent,
+    ITER_MEMBERS, ITER_PROGRAM, LISTEN_OWNERS_MAP, STATE_FIELDS, STATE_PROGRAM,
 };
 
 use super::{
     btf::KernelBtf,
-    events::{comm_to_string, read_record},
+    decode,
     loader::{Setup, attach_tracepoints},
     tracefs::Tracefs,
 };
-use crate::model::{
-    event::TcpStateSample,
-    sockets::{TcpSock, TcpState, address},
-};
+use crate::model::sockets::TcpSock;
 
 pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
-    let sock = |path: &[&str]| btf.path_offset("sock", path);
-    let offsets = [
-        sock(&["__sk_common", "skc_daddr"])?,
-        sock(&["__sk_common", "skc_rcv_saddr"])?,
-        sock(&["__sk_common", "skc_dport"])?,
-        sock(&["__sk_common", "skc_num"])?,
-        sock(&["__sk_common", "skc_family"])?,
-        sock(&["__sk_common", "skc_state"])?,
-        sock(&["__sk_common", "skc_v6_daddr"])?,
-        sock(&["__sk_common", "skc_v6_rcv_saddr"])?,
-        sock(&["sk_ack_backlog"])?,
-        sock(&["sk_max_ack_backlog"])?,
-        sock(&["sk_socket"])?,
-        btf.member_offset("socket", "file")?,
-        btf.member_offset("file", "f_inode")?,
-        btf.member_offset("inode", "i_ino")?,
-    ];
-    let mut globals: Vec<(&'static str, u32)> =
-        OFFSET_GLOBALS.iter().copied().zip(offsets).collect();
-    for (global, field) in STATE_OFFSET_GLOBALS.iter().zip(STATE_FIELDS) {
-        let offset = tracefs.field("sock", "inet_sock_set_state", field)?.offset;
-        globals.push((global, offset));
+    let mut globals = btf.offsets(ITER_MEMBERS)?;
+    for f in STATE_FIELDS {
+        let offset = tracefs
+            .field("sock", "inet_sock_set_state", f.field)?
+            .offset;
+        globals.push((f.global, offset));
     }
     Ok(Setup {
         globals,
@@ -80,22 +60,6 @@ pub fn set_listen_owner(ebpf: &mut Ebpf, port: u16, owner: u32) -> Result<()> {
     }
 }
 
-pub fn decode_state(bytes: &[u8]) -> Option<TcpStateSample> {
-    let e: TcpStateEvent = read_record(bytes)?;
-    let v6 = e.family == AF_INET6;
-    let comm = comm_to_string(&e.comm);
-    Some(TcpStateSample {
-        owner: e.owner,
-        comm: (!comm.is_empty()).then_some(comm),
-        old: TcpState::from_kernel(e.oldstate)?,
-        new: TcpState::from_kernel(e.newstate)?,
-        by_owner: e.by_owner != 0,
-        local: address(v6, e.laddr, e.lport),
-        remote: address(v6, e.raddr, e.rport),
-        ts_ns: e.ts_ns,
-    })
-}
-
 pub fn load(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
     let iter: &mut Iter = ebpf
         .program_mut(ITER_PROGRAM)
@@ -116,20 +80,5 @@ pub fn snapshot(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .context("reading the TCP iterator")?;
-    Ok(bytes
-        .chunks_exact(size_of::<TcpSocket>())
-        .filter_map(|chunk| decode(&read_record(chunk)?))
-        .collect())
-}
-
-fn decode(s: &TcpSocket) -> Option<TcpSock> {
-    let v6 = s.family == AF_INET6;
-    Some(TcpSock {
-        state: TcpState::from_kernel(s.state)?,
-        local: address(v6, s.laddr, s.lport),
-        remote: address(v6, s.raddr, u16::from_be(s.rport_be)),
-        ino: s.ino,
-        backlog: s.ack_backlog,
-        max_backlog: s.max_ack_backlog,
-    })
+    Ok(decode::tcp_sockets(&bytes))
 }

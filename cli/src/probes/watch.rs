@@ -15,7 +15,6 @@ use aya::{
 };
 use probes_common::{
     TASK_COMM_LEN,
-    lifecycle::{ExecEvent, ExitEvent, SpawnEvent},
     watch::{
         EXEC_PROGRAM, EXIT_PROGRAM, FORK_CHILD_PID_OFFSET_GLOBAL, FORK_PROGRAM, PIDS_PER_CHUNK,
         WATCHED_MAP, WATCHED_MAX_CHUNKS, WATCHED_NAMES_MAP, WatchReason,
@@ -23,14 +22,10 @@ use probes_common::{
 };
 
 use super::{
-    events::{comm_to_string, read_record},
     loader::{Setup, attach_tracepoints},
     tracefs::Tracefs,
 };
-use crate::{
-    model::event::{ExecSample, ExitSample, SpawnSample, TaskKind},
-    procfs,
-};
+use crate::procfs;
 
 pub fn setup(tracefs: &Tracefs) -> Result<Setup> {
     let child_pid = tracefs.offset("sched", "sched_process_fork", "child_pid", 4)?;
@@ -82,34 +77,6 @@ pub fn add_names(ebpf: &mut Ebpf, keys: &[[u8; TASK_COMM_LEN]]) -> Result<()> {
             .context("adding a name to the watch set")?;
     }
     Ok(())
-}
-
-pub fn decode_spawn(bytes: &[u8]) -> Option<SpawnSample> {
-    let e: SpawnEvent = read_record(bytes)?;
-    Some(SpawnSample {
-        parent_tgid: e.parent_tgid,
-        child: e.child,
-        kind: TaskKind::from_flags((e.flags_known != 0).then_some(e.flags)),
-        ts_ns: e.ts_ns,
-        comm: comm_to_string(&e.comm),
-    })
-}
-
-pub fn decode_exec(bytes: &[u8]) -> Option<ExecSample> {
-    let e: ExecEvent = read_record(bytes)?;
-    Some(ExecSample {
-        tgid: e.tgid,
-        ts_ns: e.ts_ns,
-        comm: comm_to_string(&e.comm),
-    })
-}
-
-pub fn decode_exit(bytes: &[u8]) -> Option<ExitSample> {
-    let e: ExitEvent = read_record(bytes)?;
-    Some(ExitSample {
-        tgid: e.tgid,
-        ts_ns: e.ts_ns,
-    })
 }
 
 /// The kernel's watch-set array, mapped into this process. The kernel and
