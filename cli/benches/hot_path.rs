@@ -18,8 +18,9 @@ use probes_common::{
 use stackprobe::{
     model::{
         event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
+        probe_stats::Drops,
         process::{LiveProcess, ProcessTable},
-        report::{Drops, Report, ReportKind},
+        report::{Report, ReportKind},
     },
     probes::decode,
     view,

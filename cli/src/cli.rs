@@ -184,13 +184,13 @@ pub struct WatchArgs {
     /// offers (fentry, then kprobe, then tracepoint); fails if it cannot
     /// attach. `stackprobe doctor` shows which ones work.
     #[arg(long, value_enum, value_name = "HOOK")]
-    pub fork_hook: Option<crate::probes::fork::ForkHook>,
+    pub fork_hook: Option<crate::probes::rungs::ForkRung>,
 
     /// Find accepted sockets (for the accept-queue wait) with this hook
     /// instead of the best this kernel offers (fexit, then kretprobe, then
     /// the fd walk); fails if it cannot attach.
     #[arg(long, value_enum, value_name = "HOOK")]
-    pub queue_hook: Option<crate::probes::accept::QueueHook>,
+    pub queue_hook: Option<crate::probes::rungs::QueueRung>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -10,7 +10,7 @@ use std::{
 };
 
 use probes_common::{accept::AcceptEvent, event::EVENTS_RING_BYTES, watch::WatchReason};
-use stackprobe::model::{report::Drops, selector::Selector};
+use stackprobe::model::{probe_stats::Drops, selector::Selector};
 use support::*;
 
 #[test]
@@ -217,8 +217,8 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
     assert_eq!(
         ids.len(),
         PROGRAM_NAMES.len()
-            + fork_program_names(s.collector.probes().fork_hook()).len()
-            + queue_program_names(s.collector.probes().queue_hook()).len()
+            + fork_program_names(s.collector.probes().fork_rung()).len()
+            + queue_program_names(s.collector.probes().queue_rung()).len()
     );
     let loaded = loaded_stackprobe_programs();
     assert!(

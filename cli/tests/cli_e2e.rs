@@ -13,7 +13,7 @@ use std::{
 
 use std::os::unix::process::ExitStatusExt as _;
 
-use stackprobe::probes::fork::ForkHook;
+use stackprobe::probes::rungs::ForkRung;
 use support::*;
 
 #[test]
@@ -202,7 +202,7 @@ fn after_sigkill_the_kernel_frees_every_probe_and_a_closed_stdout_ends_cleanly()
     // This host has neither fentry nor kprobes: the fork tracepoints serve.
     assert_eq!(
         loaded_stackprobe_programs().len(),
-        PROGRAM_NAMES.len() + fork_program_names(ForkHook::Tracepoint).len()
+        PROGRAM_NAMES.len() + fork_program_names(ForkRung::Tracepoint).len()
     );
     sp.signal(libc::SIGKILL);
     let (status, _, _) = sp.finish();
@@ -348,14 +348,14 @@ fn doctor_tries_every_hook_and_names_what_fails_in_watchs_words() {
         );
     }
     // Each fork rung is tried; this host has only the tracepoints, and says so.
-    for rung in ForkHook::LADDER {
+    for rung in ForkRung::LADDER {
         let tried = format!("fork hook {}:", rung.describe());
         assert!(stdout.contains(&tried), "{tried} not tried:\n{stdout}");
     }
     assert!(
         stdout.contains(&format!(
             "  fork latency       {}",
-            ForkHook::Tracepoint.describe()
+            ForkRung::Tracepoint.describe()
         )),
         "{stdout}"
     );

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::ValueEnum as _;
 use stackprobe::{
     model::report::{Report, ReportKind},
-    probes::{Options, fork::ForkHook},
+    probes::{Options, rungs::ForkRung},
 };
 use support::*;
 
@@ -172,11 +172,11 @@ fn thread_creations_the_full_ring_buffer_drops_are_still_counted() {
 /// The fork hooks that must work on this kernel: `STACKPROBE_EXPECT_FORK_HOOKS`
 /// (comma-separated; `cargo xtask vm-test` sets it per kernel of the matrix),
 /// else only the tracepoints, which every supported kernel has.
-fn expected_fork_hooks() -> Vec<ForkHook> {
+fn expected_fork_hooks() -> Vec<ForkRung> {
     std::env::var("STACKPROBE_EXPECT_FORK_HOOKS")
         .unwrap_or_else(|_| "tracepoint".into())
         .split(',')
-        .map(|h| ForkHook::from_str(h.trim(), true).expect("a fork hook name"))
+        .map(|h| ForkRung::from_str(h.trim(), true).expect("a fork hook name"))
         .collect()
 }
 
@@ -185,11 +185,11 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
     let _lock = probe_lock();
     let expected = expected_fork_hooks();
     let mut worked = Vec::new();
-    for hook in ForkHook::LADDER {
+    for hook in ForkRung::LADDER {
         let mut server = Server::start(None);
         // With the kernel's run-time statistics, to compare what each rung costs.
         let forced = Options {
-            fork_hook: Some(hook),
+            fork_rung: Some(hook),
             probe_cost: true,
             ..Options::default()
         };
@@ -197,7 +197,7 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
         else {
             continue;
         };
-        assert_eq!(s.collector.probes().fork_hook(), hook);
+        assert_eq!(s.collector.probes().fork_rung(), hook);
         s.collector.probes_mut().watch_pid(server.pid).unwrap();
         let n = 12;
         server.send(&format!("serve-fork {n} tcp 0"));
@@ -240,7 +240,7 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
     }
     let s = Session::start();
     assert_eq!(
-        s.collector.probes().fork_hook(),
+        s.collector.probes().fork_rung(),
         worked[0],
         "the default is the best that works"
     );

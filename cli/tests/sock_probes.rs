@@ -12,7 +12,7 @@ use std::{
 use clap::ValueEnum as _;
 use stackprobe::{
     model::sockets::TcpState,
-    probes::{Options, accept::QueueHook},
+    probes::{Options, rungs::QueueRung},
 };
 use support::*;
 
@@ -254,11 +254,11 @@ fn a_server_that_closes_first_owns_the_time_wait_sockets() {
 /// `STACKPROBE_EXPECT_QUEUE_HOOKS` (comma-separated; `cargo xtask vm-test`
 /// sets it per kernel of the matrix), else only the fd walk, which every
 /// supported kernel has.
-fn expected_queue_hooks() -> Vec<QueueHook> {
+fn expected_queue_hooks() -> Vec<QueueRung> {
     std::env::var("STACKPROBE_EXPECT_QUEUE_HOOKS")
         .unwrap_or_else(|_| "fd-walk".into())
         .split(',')
-        .map(|h| QueueHook::from_str(h.trim(), true).expect("an accept-queue hook name"))
+        .map(|h| QueueRung::from_str(h.trim(), true).expect("an accept-queue hook name"))
         .collect()
 }
 
@@ -267,12 +267,12 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
     let _lock = probe_lock();
     let expected = expected_queue_hooks();
     let mut worked = Vec::new();
-    for hook in QueueHook::LADDER {
+    for hook in QueueRung::LADDER {
         let dir = TempDir::new("queue");
         let mut server = Server::start(Some(&dir.0.join("s.sock")));
         // With the kernel's run-time statistics, to compare what each rung costs.
         let forced = Options {
-            queue_hook: Some(hook),
+            queue_rung: Some(hook),
             probe_cost: true,
             ..Options::default()
         };
@@ -280,7 +280,7 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
         else {
             continue;
         };
-        assert_eq!(s.collector.probes().queue_hook(), hook);
+        assert_eq!(s.collector.probes().queue_rung(), hook);
         s.collector.probes_mut().watch_pid(server.pid).unwrap();
         s.sync();
         // Tells the kernel the server owns its listening port.
@@ -336,7 +336,7 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
     }
     let s = Session::start();
     assert_eq!(
-        s.collector.probes().queue_hook(),
+        s.collector.probes().queue_rung(),
         worked[0],
         "the default is the best that works"
     );

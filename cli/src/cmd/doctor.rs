@@ -7,7 +7,7 @@ use std::fs;
 
 use anyhow::{Result, bail};
 
-use crate::probes::{Options, Probes, accept::QueueHook, fork::ForkHook, preflight};
+use crate::probes::{Options, Probes, preflight, rungs::ForkRung, rungs::QueueRung};
 
 enum Verdict {
     Ok,
@@ -38,7 +38,7 @@ fn from(result: Result<()>, ok: &str) -> Line {
 
 /// Metric → the hook `watch` uses for it on this kernel (`fork`: the rung
 /// it picked).
-fn ladder(fork: ForkHook, queue: QueueHook) -> [(&'static str, &'static str); 5] {
+fn ladder(fork: ForkRung, queue: QueueRung) -> [(&'static str, &'static str); 5] {
     [
         (
             "accept latency",
@@ -76,7 +76,7 @@ pub fn run() -> Result<()> {
     if usable {
         match Probes::load(Options::default()) {
             Ok(mut probes) => {
-                hooks_used = Some((probes.fork_hook(), probes.queue_hook()));
+                hooks_used = Some((probes.fork_rung(), probes.queue_rung()));
                 lines.push(line(
                     Verdict::Ok,
                     "tracefs and tracepoints: every probe loaded and attached; BTF offsets checked on a test connection of stackprobe's own",
@@ -89,22 +89,22 @@ pub fn run() -> Result<()> {
                     Err(e) => line(Verdict::Fail, format!("iter/tcp: {e:#}")),
                 });
                 drop(probes);
-                for rung in ForkHook::LADDER {
+                for rung in ForkRung::LADDER {
                     let forced = Options {
-                        fork_hook: Some(rung),
+                        fork_rung: Some(rung),
                         ..Options::default()
                     };
                     lines.push(try_forced("fork hook", rung.describe(), forced));
                 }
-                for rung in QueueHook::LADDER {
+                for rung in QueueRung::LADDER {
                     let forced = Options {
-                        queue_hook: Some(rung),
+                        queue_rung: Some(rung),
                         ..Options::default()
                     };
                     lines.push(try_forced("accept-queue hook", rung.describe(), forced));
                 }
                 let mut probes = Probes::load(Options::default())?;
-                for check in probes.check_hooks()? {
+                for check in probes.check_attach_types()? {
                     lines.push(match check.result {
                         Ok(()) => line(
                             Verdict::Ok,

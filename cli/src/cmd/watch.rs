@@ -61,8 +61,8 @@ async fn watch(args: WatchArgs, control: Control) -> Result<()> {
         selector,
         Options {
             probe_cost: args.probe_cost,
-            fork_hook: args.fork_hook,
-            queue_hook: args.queue_hook,
+            fork_rung: args.fork_hook,
+            queue_rung: args.queue_hook,
         },
     )?;
     let mut sinks = Sinks::default();

@@ -158,7 +158,7 @@ impl Collector {
         if self.probe_cost {
             report.probe_cost = self.probes.costs()?;
         }
-        report.hooks = self.probes.hooks_in_use();
+        report.rungs = self.probes.rungs_in_use();
         insights::annotate(&mut report);
         sink(&Frame {
             report,

@@ -236,8 +236,9 @@ mod tests {
     use super::*;
     use crate::model::{
         event::{AcceptSample, Event},
+        probe_stats::Drops,
         process::LiveProcess,
-        report::{Drops, ReportKind},
+        report::ReportKind,
     };
 
     #[test]

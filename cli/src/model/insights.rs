@@ -89,8 +89,8 @@ mod tests {
     use super::*;
     use crate::model::{
         fixtures::{fork_per_connection, live},
+        probe_stats::Drops,
         process::ProcessTable,
-        report::Drops,
     };
 
     /// A postmaster that accepted `n` connections in one second and forked a

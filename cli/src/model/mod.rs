@@ -10,6 +10,7 @@ pub mod frame;
 pub mod histogram;
 pub mod insights;
 pub mod links;
+pub mod probe_stats;
 pub mod process;
 pub mod report;
 pub mod roles;

@@ -9,6 +9,7 @@ use super::{
     counter::Counter,
     histogram::{LatencyHistogram, Log2Bucket, Summary},
     links::Side,
+    probe_stats::{Drops, ProgramCost, RungInUse},
     process::{Activity, Metric, ProcessTable, Span},
 };
 
@@ -19,120 +20,6 @@ pub enum ReportKind {
     Interval,
     /// Everything since stackprobe started.
     Summary,
-}
-
-/// Events the full ring buffer could not take, by kind, since the start.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct LostEvents {
-    pub accept: u64,
-    pub fork: u64,
-    /// Process births: their children's lifetimes are missing.
-    pub spawn: u64,
-    pub exec: u64,
-    /// Process exits: those processes retire two syncs late, lifetimes missing.
-    pub exit: u64,
-    /// TCP state changes: link counts are short by these.
-    pub tcp_state: u64,
-}
-
-impl LostEvents {
-    pub fn total(&self) -> u64 {
-        self.accept + self.fork + self.spawn + self.exec + self.exit + self.tcp_state
-    }
-
-    /// The counter for the events the kernel program `name` makes (None for
-    /// programs that make none, like the TCP iterator).
-    pub fn of_program(&mut self, name: &str) -> Option<&mut u64> {
-        match name {
-            n if n.starts_with("accept_") || n.starts_with("inet_csk_accept") => {
-                Some(&mut self.accept)
-            }
-            n if n.starts_with("clone")
-                || n.starts_with("fork_")
-                || n.starts_with("kernel_clone") =>
-            {
-                Some(&mut self.fork)
-            }
-            "watch_fork" => Some(&mut self.spawn),
-            "watch_exec" => Some(&mut self.exec),
-            "watch_exit" => Some(&mut self.exit),
-            "tcp_state" => Some(&mut self.tcp_state),
-            _ => None,
-        }
-    }
-
-    /// Each kind by the name views use.
-    pub fn by_kind(&self) -> [(&'static str, u64); 6] {
-        [
-            ("accept", self.accept),
-            ("fork", self.fork),
-            ("spawn", self.spawn),
-            ("exec", self.exec),
-            ("exit", self.exit),
-            ("tcp_state", self.tcp_state),
-        ]
-    }
-}
-
-/// Events the probes could not deliver, by cause, since the start.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Drops {
-    /// Lost because the ring buffer was full.
-    pub lost: LostEvents,
-    /// Probe runs the kernel skipped because a BPF program was already
-    /// running on that CPU (a tracepoint hit in a softirq that interrupted
-    /// one): its `recursion_misses`, by the kind of event the probe makes.
-    pub skipped: LostEvents,
-    /// Of the lost accepts and forks, samples the kernel folded into its
-    /// overflow histograms and userspace merged: still counted, their
-    /// latency known to 1/16.
-    pub folded_accepts: u64,
-    pub folded_forks: u64,
-    /// Accept or fork samples neither sent nor folded (overflow map full).
-    pub overflow_full: u64,
-    /// Accepts not timed because another watched thread's accept shared their slot.
-    pub accept_slot_shared: u64,
-    /// Processes not watched because their pid lies beyond the watch set.
-    pub watch_out_of_range: u64,
-    /// Clones not timed because another watched thread's clone shared their slot.
-    pub fork_slot_shared: u64,
-}
-
-impl Drops {
-    /// Events that did not reach userspace, whatever the cause.
-    pub fn total(&self) -> u64 {
-        self.lost.total()
-            + self.skipped.total()
-            + self.accept_slot_shared
-            + self.watch_out_of_range
-            + self.fork_slot_shared
-    }
-
-    /// Lost events whose numbers are missing from the report: all but the
-    /// accepts and forks folded in the kernel.
-    pub fn uncounted(&self) -> u64 {
-        self.total()
-            - self.folded_accepts.min(self.lost.accept)
-            - self.folded_forks.min(self.lost.fork)
-    }
-}
-
-/// Cumulative cost of one kernel program since it was loaded.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ProgramCost {
-    pub program: String,
-    pub runs: u64,
-    pub run_time_ns: u64,
-}
-
-impl ProgramCost {
-    pub fn ns_per_run(&self) -> f64 {
-        if self.runs == 0 {
-            0.0
-        } else {
-            self.run_time_ns as f64 / self.runs as f64
-        }
-    }
 }
 
 /// The `--json` schema: bumped when a field changes meaning or goes away
@@ -170,18 +57,8 @@ pub struct Report {
     pub insights: Vec<String>,
     /// The hook each metric with a choice of hooks comes from on this
     /// kernel (set by the collector).
-    pub hooks: Vec<HookInUse>,
-}
-
-/// One rung of a hook ladder, as picked at load.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct HookInUse {
-    /// `fork` or `accept_queue`.
-    pub metric: &'static str,
-    /// Its short name (`fentry`, `fexit`, `tracepoint`, `fd-walk`, …).
-    pub hook: &'static str,
-    /// What it is, in words.
-    pub description: &'static str,
+    #[serde(rename = "hooks")]
+    pub rungs: Vec<RungInUse>,
 }
 
 /// One latency metric over the period: its distribution (`count` is the
@@ -420,7 +297,7 @@ impl Report {
             tcp,
             probe_cost: Vec::new(),
             insights: Vec::new(),
-            hooks: Vec::new(),
+            rungs: Vec::new(),
         }
     }
 }
@@ -543,6 +420,7 @@ mod tests {
     use super::*;
     use crate::model::{
         event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
+        probe_stats::LostEvents,
         process::LiveProcess,
     };
 
@@ -584,32 +462,6 @@ mod tests {
         }
         t.apply(&accept(3, "quiet", 7));
         t
-    }
-
-    #[test]
-    fn every_event_making_program_has_a_kind() {
-        let mut l = LostEvents::default();
-        for name in [
-            "accept_enter",
-            "accept_exit",
-            "inet_csk_accept_fexit4",
-            "clone_enter",
-            "clone3_enter",
-            "fork_enter",
-            "clone_exit",
-            "kernel_clone_kretprobe",
-            "watch_fork",
-            "watch_exec",
-            "watch_exit",
-            "tcp_state",
-        ] {
-            *l.of_program(name).unwrap_or_else(|| panic!("{name}")) += 1;
-        }
-        assert_eq!(
-            (l.accept, l.fork, l.spawn, l.exec, l.exit, l.tcp_state),
-            (3, 5, 1, 1, 1, 1)
-        );
-        assert!(l.of_program("tcp_sockets").is_none());
     }
 
     #[test]

@@ -15,48 +15,11 @@ use probes_common::accept::{
 };
 
 use super::{
+    attach::{Setup, attach_tracepoints, program},
     btf::KernelBtf,
-    loader::{Setup, attach_tracepoints, program},
+    rungs::QueueRung,
     tracefs::Tracefs,
 };
-
-/// How the accept probe finds the socket an accept returned, to look up
-/// when its handshake completed (the accept-queue wait), best first. Accept
-/// latency itself always comes from the syscall tracepoints, which see unix
-/// sockets too.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum QueueHook {
-    /// fexit on inet_csk_accept: the socket is its return value.
-    Fexit,
-    /// kretprobe on inet_csk_accept.
-    Kretprobe,
-    /// From the accepted fd: task → files → fdtable → file → socket → sock,
-    /// six kernel reads at BTF offsets in the tracepoint exit.
-    FdWalk,
-}
-
-impl QueueHook {
-    pub const LADDER: [QueueHook; 3] = [Self::Fexit, Self::Kretprobe, Self::FdWalk];
-
-    /// As `--queue-hook` names it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Fexit => "fexit",
-            Self::Kretprobe => "kretprobe",
-            Self::FdWalk => "fd-walk",
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Self::Fexit => "fexit on inet_csk_accept, joined with sock/inet_sock_set_state",
-            Self::Kretprobe => "kretprobe on inet_csk_accept, joined with sock/inet_sock_set_state",
-            Self::FdWalk => {
-                "tracepoint exit + fd → socket walk, joined with sock/inet_sock_set_state"
-            }
-        }
-    }
-}
 
 /// The `ret` offset from this kernel's tracepoint layouts (one program serves
 /// accept and accept4, so their layouts must agree), and the in-flight slots.
@@ -77,20 +40,20 @@ pub fn attach(
     tracefs: &Tracefs,
     btf: &Btf,
     kernel_btf: &KernelBtf,
-    wanted: Option<QueueHook>,
-) -> Result<QueueHook> {
+    wanted: Option<QueueRung>,
+) -> Result<QueueRung> {
     attach_tracepoints(ebpf, tracefs, ENTER_PROGRAM, "syscalls", &ENTER_TRACEPOINTS)?;
     attach_tracepoints(ebpf, tracefs, EXIT_PROGRAM, "syscalls", &EXIT_TRACEPOINTS)?;
     let rungs = match wanted {
         Some(hook) => vec![hook],
-        None => QueueHook::LADDER.to_vec(),
+        None => QueueRung::LADDER.to_vec(),
     };
     let mut failures = Vec::new();
     for rung in rungs {
         let attached = match rung {
-            QueueHook::Fexit => attach_fexit(ebpf, btf, kernel_btf),
-            QueueHook::Kretprobe => attach_kretprobe(ebpf),
-            QueueHook::FdWalk => return Ok(rung),
+            QueueRung::Fexit => attach_fexit(ebpf, btf, kernel_btf),
+            QueueRung::Kretprobe => attach_kretprobe(ebpf),
+            QueueRung::FdWalk => return Ok(rung),
         };
         match attached.and_then(|()| use_hook(ebpf)) {
             Ok(()) => return Ok(rung),
@@ -102,7 +65,7 @@ pub fn attach(
     }
     Err(anyhow!(
         "the accept-queue hook {} does not work on this kernel: {}",
-        wanted.map_or("(any)", QueueHook::describe),
+        wanted.map_or("(any)", QueueRung::describe),
         failures.join("; ")
     ))
 }
@@ -141,20 +104,20 @@ fn use_hook(ebpf: &mut Ebpf) -> Result<()> {
     Ok(config.set(0, SOCK_FROM_HOOK, 0)?)
 }
 
-fn unload(ebpf: &mut Ebpf, rung: QueueHook) {
+fn unload(ebpf: &mut Ebpf, rung: QueueRung) {
     match rung {
-        QueueHook::Fexit => {
+        QueueRung::Fexit => {
             for (_, name) in FEXIT_PROGRAMS {
                 if let Ok(p) = program::<FExit>(ebpf, name) {
                     let _ = p.unload();
                 }
             }
         }
-        QueueHook::Kretprobe => {
+        QueueRung::Kretprobe => {
             if let Ok(p) = program::<KProbe>(ebpf, KRETPROBE_PROGRAM) {
                 let _ = p.unload();
             }
         }
-        QueueHook::FdWalk => {}
+        QueueRung::FdWalk => {}
     }
 }

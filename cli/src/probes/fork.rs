@@ -15,44 +15,11 @@ use probes_common::fork::{
 };
 
 use super::{
+    attach::{Setup, attach_tracepoints, program},
     btf::KernelBtf,
-    loader::{Setup, attach_tracepoints, program},
+    rungs::ForkRung,
     tracefs::Tracefs,
 };
-
-/// Where fork latency is measured, best first: each gives the same sample
-/// (the parent's clone, start to return, with its flags), the kernel_clone
-/// rungs without the syscall entry and exit around it and at a lower cost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ForkHook {
-    /// fentry/fexit on kernel_clone (BPF trampolines: the cheapest).
-    Fentry,
-    /// kprobe/kretprobe on kernel_clone.
-    Kprobe,
-    /// The syscall tracepoints sys_{enter,exit}_{clone,clone3,fork,vfork}.
-    Tracepoint,
-}
-
-impl ForkHook {
-    pub const LADDER: [ForkHook; 3] = [Self::Fentry, Self::Kprobe, Self::Tracepoint];
-
-    /// As `--fork-hook` names it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Fentry => "fentry",
-            Self::Kprobe => "kprobe",
-            Self::Tracepoint => "tracepoint",
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Self::Fentry => "fentry/fexit on kernel_clone",
-            Self::Kprobe => "kprobe/kretprobe on kernel_clone",
-            Self::Tracepoint => "tracepoints syscalls/sys_{enter,exit}_{clone,clone3,fork,vfork}",
-        }
-    }
-}
 
 pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
     let flags = tracefs.offset("syscalls", "sys_enter_clone", "clone_flags", 8)?;
@@ -80,8 +47,8 @@ pub fn attach(
     ebpf: &mut Ebpf,
     tracefs: &Tracefs,
     btf: &Btf,
-    wanted: Option<ForkHook>,
-) -> Result<ForkHook> {
+    wanted: Option<ForkRung>,
+) -> Result<ForkRung> {
     if let Some(hook) = wanted {
         return attach_rung(ebpf, tracefs, btf, hook)
             .map(|()| hook)
@@ -93,7 +60,7 @@ pub fn attach(
             });
     }
     let mut failures = Vec::new();
-    for rung in ForkHook::LADDER {
+    for rung in ForkRung::LADDER {
         match attach_rung(ebpf, tracefs, btf, rung) {
             Ok(()) => return Ok(rung),
             Err(e) => failures.push(format!("{}: {e:#}", rung.describe())),
@@ -103,11 +70,11 @@ pub fn attach(
 }
 
 /// Attaches one rung; if it fails, unloads what it got loaded.
-fn attach_rung(ebpf: &mut Ebpf, tracefs: &Tracefs, btf: &Btf, rung: ForkHook) -> Result<()> {
+fn attach_rung(ebpf: &mut Ebpf, tracefs: &Tracefs, btf: &Btf, rung: ForkRung) -> Result<()> {
     let attached = match rung {
-        ForkHook::Fentry => attach_fentry(ebpf, btf),
-        ForkHook::Kprobe => attach_kprobe(ebpf),
-        ForkHook::Tracepoint => attach_syscall_tracepoints(ebpf, tracefs),
+        ForkRung::Fentry => attach_fentry(ebpf, btf),
+        ForkRung::Kprobe => attach_kprobe(ebpf),
+        ForkRung::Tracepoint => attach_syscall_tracepoints(ebpf, tracefs),
     };
     if attached.is_err() {
         unload(ebpf, rung);
@@ -162,9 +129,9 @@ fn attach_syscall_tracepoints(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> 
 
 /// Unloads (and so detaches) whatever a failed rung got loaded; a program
 /// that never loaded has nothing to undo.
-fn unload(ebpf: &mut Ebpf, rung: ForkHook) {
+fn unload(ebpf: &mut Ebpf, rung: ForkRung) {
     match rung {
-        ForkHook::Fentry => {
+        ForkRung::Fentry => {
             if let Ok(p) = program::<FEntry>(ebpf, FENTRY_PROGRAM) {
                 let _ = p.unload();
             }
@@ -172,14 +139,14 @@ fn unload(ebpf: &mut Ebpf, rung: ForkHook) {
                 let _ = p.unload();
             }
         }
-        ForkHook::Kprobe => {
+        ForkRung::Kprobe => {
             for name in [KPROBE_PROGRAM, KRETPROBE_PROGRAM] {
                 if let Ok(p) = program::<KProbe>(ebpf, name) {
                     let _ = p.unload();
                 }
             }
         }
-        ForkHook::Tracepoint => {
+        ForkRung::Tracepoint => {
             for name in [
                 ENTER_CLONE_PROGRAM,
                 ENTER_CLONE3_PROGRAM,

@@ -5,28 +5,27 @@
 
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
     sys::{Stats, enable_stats},
 };
 use probes_common::{
     MAX_SLOTS, SLOT_MASK_GLOBAL, TASK_COMM_LEN,
-    event::EVENTS_MAP,
+    event::{EVENTS_MAP, EventKind},
     stats::{STATS_MAP, Stat},
     watch::WatchReason,
 };
 
 use super::{
-    accept, accept::QueueHook, btf::KernelBtf, fork, fork::ForkHook, overflow::Overflow, preflight,
+    accept, btf::KernelBtf, fork, overflow::Overflow, preflight, rungs::ForkRung, rungs::QueueRung,
     self_check, sock, tracefs::Tracefs, watch, watch::WatchSet,
 };
 use crate::{
     model::{
         event::Event,
-        report::{Drops, HookInUse, LostEvents, ProgramCost},
+        probe_stats::{Drops, LostEvents, ProgramCost, RungInUse},
     },
     procfs,
 };
@@ -39,15 +38,9 @@ pub struct Options {
     /// what each probe costs (the kernel then adds ~20 ns to every BPF run).
     pub probe_cost: bool,
     /// Use this fork hook or fail, instead of the best one the kernel offers.
-    pub fork_hook: Option<ForkHook>,
+    pub fork_rung: Option<ForkRung>,
     /// Likewise for the accept-queue wait's hook.
-    pub queue_hook: Option<QueueHook>,
-}
-
-/// What one probe needs set before load: globals and map sizes.
-pub struct Setup {
-    pub globals: Vec<(&'static str, u32)>,
-    pub map_sizes: Vec<(&'static str, u32)>,
+    pub queue_rung: Option<QueueRung>,
 }
 
 pub struct Probes {
@@ -55,8 +48,8 @@ pub struct Probes {
     watch_set: WatchSet,
     ebpf: Ebpf,
     overflow: Overflow,
-    fork_hook: ForkHook,
-    queue_hook: QueueHook,
+    fork_rung: ForkRung,
+    queue_rung: QueueRung,
     _stats: Option<OwnedFd>,
 }
 
@@ -98,9 +91,9 @@ impl Probes {
         // Watch-set programs first, so a watched process's children are
         // followed before any accept is timed.
         watch::attach(&mut ebpf, &tracefs)?;
-        let fork_hook = fork::attach(&mut ebpf, &tracefs, &btf, options.fork_hook)?;
-        let queue_hook =
-            accept::attach(&mut ebpf, &tracefs, &btf, &kernel_btf, options.queue_hook)?;
+        let fork_rung = fork::attach(&mut ebpf, &tracefs, &btf, options.fork_rung)?;
+        let queue_rung =
+            accept::attach(&mut ebpf, &tracefs, &btf, &kernel_btf, options.queue_rung)?;
         sock::load(&mut ebpf, &btf)?;
         sock::attach(&mut ebpf, &tracefs)?;
         self_check::run(&mut ebpf, &watch_set)?;
@@ -111,42 +104,42 @@ impl Probes {
             watch_set,
             ebpf,
             overflow: Overflow::default(),
-            fork_hook,
-            queue_hook,
+            fork_rung,
+            queue_rung,
             _stats: stats,
         })
     }
 
     /// The hook fork latency comes from on this kernel.
-    pub fn fork_hook(&self) -> ForkHook {
-        self.fork_hook
+    pub fn fork_rung(&self) -> ForkRung {
+        self.fork_rung
     }
 
     /// The rung of each hook ladder in use, for reports.
-    pub fn hooks_in_use(&self) -> Vec<HookInUse> {
+    pub fn rungs_in_use(&self) -> Vec<RungInUse> {
         vec![
-            HookInUse {
+            RungInUse {
                 metric: "fork",
-                hook: self.fork_hook.name(),
-                description: self.fork_hook.describe(),
+                hook: self.fork_rung.name(),
+                description: self.fork_rung.describe(),
             },
-            HookInUse {
+            RungInUse {
                 metric: "accept_queue",
-                hook: self.queue_hook.name(),
-                description: self.queue_hook.describe(),
+                hook: self.queue_rung.name(),
+                description: self.queue_rung.describe(),
             },
         ]
     }
 
     /// How the accept probe finds an accepted socket on this kernel.
-    pub fn queue_hook(&self) -> QueueHook {
-        self.queue_hook
+    pub fn queue_rung(&self) -> QueueRung {
+        self.queue_rung
     }
 
     /// Tries the optional hooks (tp_btf, fentry, kprobe) on this kernel.
-    pub fn check_hooks(&mut self) -> Result<Vec<super::hooks::HookCheck>> {
+    pub fn check_attach_types(&mut self) -> Result<Vec<super::attach_check::AttachCheck>> {
         let btf = preflight::load_btf()?;
-        Ok(super::hooks::check(&mut self.ebpf, &btf))
+        Ok(super::attach_check::check(&mut self.ebpf, &btf))
     }
 
     pub fn watch_names(&mut self, keys: &[[u8; TASK_COMM_LEN]]) -> Result<()> {
@@ -223,9 +216,9 @@ impl Probes {
                 .with_context(|| format!("reading the fdinfo of {name}"))?;
             let misses = recursion_misses(&info);
             if misses > 0
-                && let Some(kind) = skipped.of_program(name)
+                && let Some(kind) = event_kind_of(name)
             {
-                *kind += misses;
+                *skipped.of_kind(kind) += misses;
             }
         }
         Ok(skipped)
@@ -267,6 +260,41 @@ impl Probes {
     }
 }
 
+/// The kind of event the program `name` makes, or helps make (an enter
+/// half): a skipped run loses one of those. None for programs that make
+/// none, like the TCP iterator.
+fn event_kind_of(name: &str) -> Option<EventKind> {
+    use probes_common::{accept, fork, sock, watch};
+    let accept_programs = [
+        accept::ENTER_PROGRAM,
+        accept::EXIT_PROGRAM,
+        accept::KRETPROBE_PROGRAM,
+    ];
+    let fork_programs = [
+        fork::FENTRY_PROGRAM,
+        fork::FEXIT_PROGRAM,
+        fork::KPROBE_PROGRAM,
+        fork::KRETPROBE_PROGRAM,
+        fork::ENTER_CLONE_PROGRAM,
+        fork::ENTER_CLONE3_PROGRAM,
+        fork::ENTER_FORK_PROGRAM,
+        fork::EXIT_PROGRAM,
+    ];
+    if accept_programs.contains(&name) || accept::FEXIT_PROGRAMS.iter().any(|&(_, p)| p == name) {
+        Some(EventKind::Accept)
+    } else if fork_programs.contains(&name) {
+        Some(EventKind::Fork)
+    } else {
+        match name {
+            watch::FORK_PROGRAM => Some(EventKind::Spawn),
+            watch::EXEC_PROGRAM => Some(EventKind::Exec),
+            watch::EXIT_PROGRAM => Some(EventKind::Exit),
+            sock::STATE_PROGRAM => Some(EventKind::TcpState),
+            _ => None,
+        }
+    }
+}
+
 /// `recursion_misses` from a BPF program's fdinfo, 0 when absent.
 fn recursion_misses(fdinfo: &str) -> u64 {
     fdinfo
@@ -287,46 +315,6 @@ pub fn slot_count(pid_max: u32) -> u32 {
         .min(MAX_SLOTS)
 }
 
-/// The program `name` of the object, as its type `T`.
-pub(super) fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T>
-where
-    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
-{
-    let program = ebpf
-        .program_mut(name)
-        .ok_or_else(|| anyhow!("the eBPF object lacks {name}"))?;
-    Ok(program.try_into()?)
-}
-
-/// Loads `program` and attaches it to each `category/event`, saying which
-/// hook this kernel lacks if one is missing.
-pub(super) fn attach_tracepoints(
-    ebpf: &mut Ebpf,
-    tracefs: &Tracefs,
-    program: &str,
-    category: &str,
-    events: &[&str],
-) -> Result<()> {
-    for event in events {
-        if !tracefs.has_event(category, event) {
-            bail!(
-                "this kernel has no tracepoint {category}/{event}, which stackprobe's {program} probe needs"
-            );
-        }
-    }
-    let tp: &mut TracePoint = ebpf
-        .program_mut(program)
-        .with_context(|| format!("the eBPF object has no program {program}"))?
-        .try_into()?;
-    tp.load()
-        .with_context(|| format!("loading {program} (the kernel's verifier refused it)"))?;
-    for event in events {
-        tp.attach(category, event)
-            .with_context(|| format!("attaching {program} to {category}/{event}"))?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +325,32 @@ mod tests {
             "pos:\t0\nprog_type:\t5\nrun_cnt:\t9\nrecursion_misses:\t3\nverified_insns:\t40\n";
         assert_eq!(recursion_misses(info), 3);
         assert_eq!(recursion_misses("prog_type:\t5\n"), 0);
+    }
+
+    #[test]
+    fn every_event_making_program_has_a_kind() {
+        let mut l = LostEvents::default();
+        for name in [
+            "accept_enter",
+            "accept_exit",
+            "inet_csk_accept_fexit4",
+            "clone_enter",
+            "clone3_enter",
+            "fork_enter",
+            "clone_exit",
+            "kernel_clone_kretprobe",
+            "watch_fork",
+            "watch_exec",
+            "watch_exit",
+            "tcp_state",
+        ] {
+            *l.of_kind(event_kind_of(name).unwrap_or_else(|| panic!("{name}"))) += 1;
+        }
+        assert_eq!(
+            (l.accept, l.fork, l.spawn, l.exec, l.exit, l.tcp_state),
+            (3, 5, 1, 1, 1, 1)
+        );
+        assert!(event_kind_of("tcp_sockets").is_none());
     }
 
     #[test]

@@ -4,15 +4,18 @@
 //! place, `decode`.
 
 pub mod accept;
+pub mod attach;
+pub mod attach_check;
 pub mod btf;
 pub mod decode;
 pub mod events;
 pub mod fork;
-pub mod hooks;
+
 pub mod loader;
 pub mod overflow;
 pub mod preflight;
 pub mod privileges;
+pub mod rungs;
 pub mod self_check;
 pub mod sock;
 pub mod tracefs;

@@ -15,9 +15,9 @@ use probes_common::sock::{
 };
 
 use super::{
+    attach::{Setup, attach_tracepoints},
     btf::KernelBtf,
     decode,
-    loader::{Setup, attach_tracepoints},
     tracefs::Tracefs,
 };
 use crate::model::sockets::TcpSock;

@@ -22,7 +22,7 @@ use probes_common::{
 };
 
 use super::{
-    loader::{Setup, attach_tracepoints},
+    attach::{Setup, attach_tracepoints},
     tracefs::Tracefs,
 };
 use crate::procfs;

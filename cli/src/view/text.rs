@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 
 use crate::model::{
     histogram::{Log2Bucket, Summary, duration},
-    report::{Drops, Report, ReportKind, RoleRow, TcpReport},
+    probe_stats::Drops,
+    report::{Report, ReportKind, RoleRow, TcpReport},
 };
 
 const BAR_WIDTH: u64 = 40;
@@ -48,7 +49,7 @@ pub fn render(report: &Report) -> String {
         let _ = writeln!(out, "insight: {insight}");
     }
     if report.kind == ReportKind::Summary {
-        for h in &report.hooks {
+        for h in &report.rungs {
             let _ = writeln!(out, "hook: {} from {}", h.metric, h.description);
         }
     }
@@ -335,8 +336,8 @@ mod tests {
     use super::*;
     use crate::model::{
         fixtures::{fork_per_connection, live},
+        probe_stats::LostEvents,
         process::ProcessTable,
-        report::LostEvents,
     };
 
     /// A postmaster (pid 42) that accepted 3 connections and forked a backend

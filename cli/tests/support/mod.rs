@@ -18,7 +18,7 @@ use serde_json::Value;
 use stackprobe::{
     collector::Collector,
     model::{process::LiveProcess, selector::Selector},
-    probes::{Options, accept::QueueHook, fork::ForkHook},
+    probes::{Options, rungs::ForkRung, rungs::QueueRung},
     procfs,
 };
 
@@ -325,21 +325,21 @@ pub const PROGRAM_NAMES: [&str; 7] = [
 
 /// The program of each accept-queue rung but the fd walk's (which is the
 /// accept exit's own), truncated alike.
-pub fn queue_program_names(hook: QueueHook) -> &'static [&'static str] {
+pub fn queue_program_names(hook: QueueRung) -> &'static [&'static str] {
     match hook {
         // inet_csk_accept_fexit and inet_csk_accept_kretprobe.
-        QueueHook::Fexit | QueueHook::Kretprobe => &["inet_csk_accept"],
-        QueueHook::FdWalk => &[],
+        QueueRung::Fexit | QueueRung::Kretprobe => &["inet_csk_accept"],
+        QueueRung::FdWalk => &[],
     }
 }
 
 /// The programs of each fork rung.
-pub fn fork_program_names(hook: ForkHook) -> &'static [&'static str] {
+pub fn fork_program_names(hook: ForkRung) -> &'static [&'static str] {
     match hook {
-        ForkHook::Tracepoint => &["clone_enter", "clone3_enter", "fork_enter", "clone_exit"],
+        ForkRung::Tracepoint => &["clone_enter", "clone3_enter", "fork_enter", "clone_exit"],
         // kernel_clone_fentry and kernel_clone_fexit, truncated alike.
-        ForkHook::Fentry => &["kernel_clone_fe", "kernel_clone_fe"],
-        ForkHook::Kprobe => &["kernel_clone_kp", "kernel_clone_kr"],
+        ForkRung::Fentry => &["kernel_clone_fe", "kernel_clone_fe"],
+        ForkRung::Kprobe => &["kernel_clone_kp", "kernel_clone_kr"],
     }
 }
 
@@ -354,10 +354,10 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
             p.name_as_str().is_some_and(|n| {
                 PROGRAM_NAMES.contains(&n)
                     || HOOK_PROGRAM_NAMES.contains(&n)
-                    || ForkHook::LADDER
+                    || ForkRung::LADDER
                         .iter()
                         .any(|&h| fork_program_names(h).contains(&n))
-                    || QueueHook::LADDER
+                    || QueueRung::LADDER
                         .iter()
                         .any(|&h| queue_program_names(h).contains(&n))
             })

@@ -353,7 +353,7 @@ fn render_status(frame: &mut Frame, area: Rect, d: &Dashboard) {
     });
     spans.push(Span::raw(format!("  {cost}  cpu {:.1}%", s.cpu_percent)));
     // The hooks this kernel gave: visible on wider terminals, and in the help.
-    if let Some(r) = d.report.as_ref().filter(|r| !r.hooks.is_empty()) {
+    if let Some(r) = d.report.as_ref().filter(|r| !r.rungs.is_empty()) {
         spans.push(Span::raw(format!("  {}", hooks_line(r))));
     }
     if d.paused {
@@ -679,7 +679,7 @@ fn render_insights(frame: &mut Frame, area: Rect, d: &Dashboard) {
 /// `hooks fork:fentry accept_queue:fexit`.
 fn hooks_line(r: &Report) -> String {
     let hooks: Vec<String> = r
-        .hooks
+        .rungs
         .iter()
         .map(|h| format!("{}:{}", h.metric, h.hook))
         .collect();
@@ -688,7 +688,7 @@ fn hooks_line(r: &Report) -> String {
 
 fn render_help(frame: &mut Frame, area: Rect, report: Option<&Report>) {
     let mut help = "q, Ctrl-C   quit\np           pause the view (collection goes on)\nr           reset histograms and counters\ns / S       next sort column / reverse\n/           filter roles by name\n↑ ↓         select a role\nx, ← →      show / hide the role's pids\nEnter, Tab  detail of the selected role\nEsc         back to the overview\n?           this help".to_string();
-    if let Some(r) = report.filter(|r| !r.hooks.is_empty()) {
+    if let Some(r) = report.filter(|r| !r.rungs.is_empty()) {
         help.push_str("\n\n");
         help.push_str(&hooks_line(r));
     }
@@ -716,8 +716,9 @@ mod tests {
     use super::*;
     use crate::model::{
         fixtures::{fork_per_connection, live},
+        probe_stats::{Drops, RungInUse},
         process::ProcessTable,
-        report::{Drops, HookInUse, ReportKind},
+        report::ReportKind,
     };
 
     /// A postmaster that accepted 412 connections in a second and forked a
@@ -899,13 +900,13 @@ mod tests {
     fn the_hooks_in_use_show_in_the_help_and_on_a_wide_status_bar() {
         let mut d = Dashboard::new(false);
         let mut r = report();
-        r.hooks = vec![
-            HookInUse {
+        r.rungs = vec![
+            RungInUse {
                 metric: "fork",
                 hook: "fentry",
                 description: "fentry/fexit on kernel_clone",
             },
-            HookInUse {
+            RungInUse {
                 metric: "accept_queue",
                 hook: "fd-walk",
                 description: "tracepoint exit + fd → socket walk",

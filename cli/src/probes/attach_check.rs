@@ -9,28 +9,28 @@ use aya::{
     programs::{BtfTracePoint, FEntry, KProbe},
 };
 
-use super::loader::program;
+use super::attach::program;
 
 /// A hook, what it was tried on, and whether it worked (the error if not).
-pub struct HookCheck {
+pub struct AttachCheck {
     pub hook: &'static str,
     pub target: &'static str,
     pub result: Result<()>,
 }
 
-pub fn check(ebpf: &mut Ebpf, btf: &Btf) -> Vec<HookCheck> {
+pub fn check(ebpf: &mut Ebpf, btf: &Btf) -> Vec<AttachCheck> {
     vec![
-        HookCheck {
+        AttachCheck {
             hook: "tp_btf",
             target: "sched_process_fork",
             result: tp_btf(ebpf, btf),
         },
-        HookCheck {
+        AttachCheck {
             hook: "fentry",
             target: "tcp_v4_connect",
             result: fentry(ebpf, btf),
         },
-        HookCheck {
+        AttachCheck {
             hook: "kprobe",
             target: "tcp_v4_connect",
             result: kprobe(ebpf),

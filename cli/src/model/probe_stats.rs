@@ -1,0 +1,122 @@
+//! What the probes say about themselves: events they could not deliver,
+//! what each kernel program costs, and which rung of each hook ladder is in
+//! use. The probes fill these in; reports carry them.
+
+use probes_common::event::EventKind;
+use serde::Serialize;
+
+/// Events the full ring buffer could not take, by kind, since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LostEvents {
+    pub accept: u64,
+    pub fork: u64,
+    /// Process births: their children's lifetimes are missing.
+    pub spawn: u64,
+    pub exec: u64,
+    /// Process exits: those processes retire two syncs late, lifetimes missing.
+    pub exit: u64,
+    /// TCP state changes: link counts are short by these.
+    pub tcp_state: u64,
+}
+
+impl LostEvents {
+    pub fn total(&self) -> u64 {
+        self.accept + self.fork + self.spawn + self.exec + self.exit + self.tcp_state
+    }
+
+    /// The counter for events of `kind`.
+    pub fn of_kind(&mut self, kind: EventKind) -> &mut u64 {
+        match kind {
+            EventKind::Accept => &mut self.accept,
+            EventKind::Fork => &mut self.fork,
+            EventKind::Spawn => &mut self.spawn,
+            EventKind::Exec => &mut self.exec,
+            EventKind::Exit => &mut self.exit,
+            EventKind::TcpState => &mut self.tcp_state,
+        }
+    }
+
+    /// Each kind by the name views use.
+    pub fn by_kind(&self) -> [(&'static str, u64); 6] {
+        [
+            ("accept", self.accept),
+            ("fork", self.fork),
+            ("spawn", self.spawn),
+            ("exec", self.exec),
+            ("exit", self.exit),
+            ("tcp_state", self.tcp_state),
+        ]
+    }
+}
+
+/// Events the probes could not deliver, by cause, since the start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Drops {
+    /// Lost because the ring buffer was full.
+    pub lost: LostEvents,
+    /// Probe runs the kernel skipped because a BPF program was already
+    /// running on that CPU (a tracepoint hit in a softirq that interrupted
+    /// one): its `recursion_misses`, by the kind of event the probe makes.
+    pub skipped: LostEvents,
+    /// Of the lost accepts and forks, samples the kernel folded into its
+    /// overflow histograms and userspace merged: still counted, their
+    /// latency known to 1/16.
+    pub folded_accepts: u64,
+    pub folded_forks: u64,
+    /// Accept or fork samples neither sent nor folded (overflow map full).
+    pub overflow_full: u64,
+    /// Accepts not timed because another watched thread's accept shared their slot.
+    pub accept_slot_shared: u64,
+    /// Processes not watched because their pid lies beyond the watch set.
+    pub watch_out_of_range: u64,
+    /// Clones not timed because another watched thread's clone shared their slot.
+    pub fork_slot_shared: u64,
+}
+
+impl Drops {
+    /// Events that did not reach userspace, whatever the cause.
+    pub fn total(&self) -> u64 {
+        self.lost.total()
+            + self.skipped.total()
+            + self.accept_slot_shared
+            + self.watch_out_of_range
+            + self.fork_slot_shared
+    }
+
+    /// Lost events whose numbers are missing from the report: all but the
+    /// accepts and forks folded in the kernel.
+    pub fn uncounted(&self) -> u64 {
+        self.total()
+            - self.folded_accepts.min(self.lost.accept)
+            - self.folded_forks.min(self.lost.fork)
+    }
+}
+
+/// Cumulative cost of one kernel program since it was loaded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProgramCost {
+    pub program: String,
+    pub runs: u64,
+    pub run_time_ns: u64,
+}
+
+impl ProgramCost {
+    pub fn ns_per_run(&self) -> f64 {
+        if self.runs == 0 {
+            0.0
+        } else {
+            self.run_time_ns as f64 / self.runs as f64
+        }
+    }
+}
+
+/// One rung of a hook ladder, as picked at load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RungInUse {
+    /// `fork` or `accept_queue`.
+    pub metric: &'static str,
+    /// Its short name (`fentry`, `fexit`, `tracepoint`, `fd-walk`, …).
+    pub hook: &'static str,
+    /// What it is, in words.
+    pub description: &'static str,
+}

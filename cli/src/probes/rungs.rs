@@ -1,0 +1,75 @@
+//! The rungs of stackprobe's hook ladders: for a metric with a choice of
+//! kernel hooks, the best the kernel offers is picked at load (`--fork-hook`
+//! and `--queue-hook` force one; `doctor` tries each).
+
+/// Where fork latency is measured, best first: each gives the same sample
+/// (the parent's clone, start to return, with its flags), the kernel_clone
+/// rungs without the syscall entry and exit around it and at a lower cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ForkRung {
+    /// fentry/fexit on kernel_clone (BPF trampolines: the cheapest).
+    Fentry,
+    /// kprobe/kretprobe on kernel_clone.
+    Kprobe,
+    /// The syscall tracepoints sys_{enter,exit}_{clone,clone3,fork,vfork}.
+    Tracepoint,
+}
+
+impl ForkRung {
+    pub const LADDER: [ForkRung; 3] = [Self::Fentry, Self::Kprobe, Self::Tracepoint];
+
+    /// As `--fork-hook` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fentry => "fentry",
+            Self::Kprobe => "kprobe",
+            Self::Tracepoint => "tracepoint",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Fentry => "fentry/fexit on kernel_clone",
+            Self::Kprobe => "kprobe/kretprobe on kernel_clone",
+            Self::Tracepoint => "tracepoints syscalls/sys_{enter,exit}_{clone,clone3,fork,vfork}",
+        }
+    }
+}
+
+/// How the accept probe finds the socket an accept returned, to look up
+/// when its handshake completed (the accept-queue wait), best first. Accept
+/// latency itself always comes from the syscall tracepoints, which see unix
+/// sockets too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QueueRung {
+    /// fexit on inet_csk_accept: the socket is its return value.
+    Fexit,
+    /// kretprobe on inet_csk_accept.
+    Kretprobe,
+    /// From the accepted fd: task → files → fdtable → file → socket → sock,
+    /// six kernel reads at BTF offsets in the tracepoint exit.
+    FdWalk,
+}
+
+impl QueueRung {
+    pub const LADDER: [QueueRung; 3] = [Self::Fexit, Self::Kretprobe, Self::FdWalk];
+
+    /// As `--queue-hook` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fexit => "fexit",
+            Self::Kretprobe => "kretprobe",
+            Self::FdWalk => "fd-walk",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Fexit => "fexit on inet_csk_accept, joined with sock/inet_sock_set_state",
+            Self::Kretprobe => "kretprobe on inet_csk_accept, joined with sock/inet_sock_set_state",
+            Self::FdWalk => {
+                "tracepoint exit + fd → socket walk, joined with sock/inet_sock_set_state"
+            }
+        }
+    }
+}
