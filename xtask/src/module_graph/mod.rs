@@ -16,9 +16,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-/// The source roots `cargo xtask test` checks. cli/src and probes-ebpf/src
-/// join the list once their cycles are gone.
-pub const CHECKED: [&str; 2] = ["xtask/src", "probes-common/src"];
+/// The source roots `cargo xtask test` checks. probes-ebpf/src joins the
+/// list once its cycle is gone.
+pub const CHECKED: [&str; 3] = ["cli/src", "xtask/src", "probes-common/src"];
 
 /// Each module (`a::b`; the crate root is "") and the modules it uses.
 type Graph = BTreeMap<String, BTreeSet<String>>;
