@@ -43,6 +43,16 @@ stats! {
     /// A sample the ring could not take could not be folded either: the
     /// overflow map was full.
     OverflowFull = 9,
+    /// A watched process's listening port could not be recorded (the
+    /// LISTEN_OWNERS map was full): connections arriving there are not
+    /// attributed to it.
+    ListenOwnersFull = 10,
+    /// A watched socket could not be recorded in the TRACKED map, so its
+    /// later state changes made outside its owner's context go unreported.
+    TrackedInsertFailed = 11,
+    /// When a connection's handshake completed could not be recorded, so
+    /// its accept-queue wait is unknown.
+    HandshakeInsertFailed = 12,
 }
 
 /// Entries in the per-CPU counter array: one per [`Stat`].
@@ -67,9 +77,9 @@ mod tests {
 
     #[test]
     fn every_counter_has_its_own_slot_in_the_array() {
-        assert_eq!(STAT_COUNT, 10);
+        assert_eq!(STAT_COUNT, 13);
         assert_eq!(Stat::ALL.first(), Some(&Stat::AcceptSlotShared));
-        assert_eq!(Stat::ALL.last(), Some(&Stat::OverflowFull));
+        assert_eq!(Stat::ALL.last(), Some(&Stat::HandshakeInsertFailed));
         assert!(Stat::ALL.iter().all(|&s| (s as u32) < STAT_COUNT));
     }
 }

@@ -3,61 +3,55 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task},
     macros::{fexit, kretprobe, map, tracepoint},
     maps::Array,
     programs::{FExitContext, RetProbeContext, TracePointContext},
 };
 use probes_common::{
-    DEFAULT_SLOTS,
-    accept::{AcceptEvent, AcceptStart, QUEUE_WAIT_UNKNOWN, SOCK_FROM_HOOK},
+    accept::{AcceptEvent, QUEUE_WAIT_UNKNOWN, SOCK_FROM_HOOK},
     event::EventKind,
     overflow::OverflowMetric,
     stats::Stat,
 };
 
-use crate::{events, offsets::offset_globals, overflow, slots, sock, watch::is_watched};
+use crate::{
+    clock::now, events, handshakes, memory, offsets::offset_globals, overflow, slots,
+    watch_set::is_watched,
+};
 
-#[map]
-static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 /// Set by userspace once it has attached a hook on inet_csk_accept.
 #[map]
 static ACCEPT_CONFIG: Array<u32> = Array::with_max_entries(1, 0);
 
+// SAFETY: no other symbol has this name; userspace sets the global by it.
 #[unsafe(no_mangle)]
 static ACCEPT_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
 
 probes_common::accept_fd_walk_members!(offset_globals);
 
+/// The pointer in the member at `offset` of the struct at `base`.
 #[inline(always)]
-unsafe fn deref(base: u64, offset: &Global<u32>) -> Option<u64> {
+fn deref(base: u64, offset: &Global<u32>) -> Option<u64> {
     if base == 0 {
         return None;
     }
-    unsafe { bpf_probe_read_kernel((base + u64::from(offset.load())) as *const u64) }.ok()
+    memory::kernel(base + u64::from(offset.load()))
 }
 
 /// The `struct sock` behind the caller's file descriptor `fd`:
 /// current->files->fdt->fd[fd]->private_data (a struct socket)->sk.
 #[inline(always)]
 fn sock_of_fd(fd: u32) -> Option<u64> {
-    unsafe {
-        let task = bpf_get_current_task();
-        let files = deref(task, &TASK_FILES)?;
-        let fdt = deref(files, &FILES_FDT)?;
-        let fds = deref(fdt, &FDTABLE_FD)?;
-        let file = bpf_probe_read_kernel((fds + u64::from(fd) * 8) as *const u64).ok()?;
-        let socket = deref(file, &FILE_PRIVATE_DATA)?;
-        deref(socket, &SOCKET_SK)
-    }
-}
-
-#[inline(always)]
-fn slot(tid: u32) -> Option<&'static mut AcceptStart> {
-    slots::slot(&ACCEPT_START, tid)
+    // SAFETY: the helper takes no arguments; the task's address it returns
+    // is only read through `memory::kernel`.
+    let task = unsafe { bpf_get_current_task() };
+    let files = deref(task, &TASK_FILES)?;
+    let fdt = deref(files, &FILES_FDT)?;
+    let fds = deref(fdt, &FDTABLE_FD)?;
+    let file = memory::kernel(fds + u64::from(fd) * 8)?;
+    let socket = deref(file, &FILE_PRIVATE_DATA)?;
+    deref(socket, &SOCKET_SK)
 }
 
 #[tracepoint]
@@ -67,7 +61,7 @@ pub fn accept_enter(_ctx: TracePointContext) -> u32 {
         return 0;
     }
     let tid = pid_tgid as u32;
-    let Some(slot) = slot(tid) else {
+    let Some(slot) = slots::accept(tid) else {
         return 0;
     };
     if slot.start_ns != 0 && slot.tid != tid {
@@ -77,7 +71,7 @@ pub fn accept_enter(_ctx: TracePointContext) -> u32 {
     }
     slot.tid = tid;
     slot.sk = 0;
-    slot.start_ns = unsafe { bpf_ktime_get_ns() };
+    slot.start_ns = now();
     0
 }
 
@@ -86,7 +80,7 @@ pub fn accept_enter(_ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn note_accepted(sk: u64) {
     let tid = bpf_get_current_pid_tgid() as u32;
-    if let Some(slot) = slot(tid)
+    if let Some(slot) = slots::accept(tid)
         && slot.start_ns != 0
         && slot.tid == tid
     {
@@ -124,7 +118,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     let tid = pid_tgid as u32;
     // Only a watched thread finds its own start here: this inlined array
     // lookup is the whole cost for everyone else.
-    let Some(slot) = slot(tid) else {
+    let Some(slot) = slots::accept(tid) else {
         return 0;
     };
     if slot.start_ns == 0 || slot.tid != tid {
@@ -133,8 +127,8 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     let start_ns = slot.start_ns;
     let hooked_sk = slot.sk;
     slot.start_ns = 0;
-    let now = unsafe { bpf_ktime_get_ns() };
-    let Ok(ret) = (unsafe { ctx.read_at::<i64>(ACCEPT_EXIT_RET_OFFSET.load() as usize) }) else {
+    let end_ns = now();
+    let Some(ret) = memory::field::<i64>(&ctx, &ACCEPT_EXIT_RET_OFFSET) else {
         return 0;
     };
     if ret < 0 {
@@ -150,10 +144,10 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         sock_of_fd(ret as u32)
     };
     let queue_wait_ns = sk
-        .and_then(sock::take_established)
-        .map_or(QUEUE_WAIT_UNKNOWN, |at| now.saturating_sub(at));
+        .and_then(handshakes::take)
+        .map_or(QUEUE_WAIT_UNKNOWN, |at| end_ns.saturating_sub(at));
     let tgid = (pid_tgid >> 32) as u32;
-    let latency_ns = now.saturating_sub(start_ns);
+    let latency_ns = end_ns.saturating_sub(start_ns);
     let Some(mut entry) = events::reserve::<AcceptEvent>(Stat::LostAccept) else {
         overflow::fold(tgid, OverflowMetric::Accept, latency_ns);
         if queue_wait_ns != QUEUE_WAIT_UNKNOWN {
@@ -173,13 +167,4 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     });
     events::submit(entry);
     0
-}
-
-/// Called when a thread exits, so an accept interrupted by exit frees its slot.
-pub fn forget_thread(tid: u32) {
-    if let Some(slot) = slot(tid)
-        && slot.tid == tid
-    {
-        slot.start_ns = 0;
-    }
 }

@@ -9,31 +9,28 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_user,
-    },
-    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
-    maps::Array,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::{fentry, fexit, kprobe, kretprobe, tracepoint},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use probes_common::{
-    DEFAULT_SLOTS,
     event::EventKind,
-    fork::{FORK_FLAGS, ForkEvent, ForkStart, TaskKind},
+    fork::{FORK_FLAGS, ForkEvent, TaskKind},
     overflow::OverflowMetric,
     stats::Stat,
 };
 
-use crate::{events, offsets::offset_globals, overflow, slots, watch::is_watched};
+use crate::{
+    clock::now, events, memory, offsets::offset_globals, overflow, slots, watch_set::is_watched,
+};
 
-#[map]
-static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
-
+// SAFETY: no other symbol has this name; userspace sets the global by it.
 #[unsafe(no_mangle)]
 static CLONE_FLAGS_OFFSET: Global<u32> = Global::new(16);
+// SAFETY: no other symbol has this name; userspace sets the global by it.
 #[unsafe(no_mangle)]
 static CLONE3_UARGS_OFFSET: Global<u32> = Global::new(16);
+// SAFETY: no other symbol has this name; userspace sets the global by it.
 #[unsafe(no_mangle)]
 static FORK_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
 probes_common::fork_kernel_clone_members!(offset_globals);
@@ -48,7 +45,7 @@ fn start(read_flags: impl FnOnce() -> Option<u64>) {
     }
     let flags = read_flags();
     let tid = pid_tgid as u32;
-    let Some(slot) = slots::slot(&FORK_START, tid) else {
+    let Some(slot) = slots::fork(tid) else {
         return;
     };
     if slot.start_ns != 0 && slot.tid != tid {
@@ -57,12 +54,12 @@ fn start(read_flags: impl FnOnce() -> Option<u64>) {
     slot.tid = tid;
     slot.flags = flags.unwrap_or(0);
     slot.flags_known = flags.is_some() as u32;
-    slot.start_ns = unsafe { bpf_ktime_get_ns() };
+    slot.start_ns = now();
 }
 
 #[tracepoint]
 pub fn clone_enter(ctx: TracePointContext) -> u32 {
-    start(|| unsafe { ctx.read_at::<u64>(CLONE_FLAGS_OFFSET.load() as usize) }.ok());
+    start(|| memory::field(&ctx, &CLONE_FLAGS_OFFSET));
     0
 }
 
@@ -70,9 +67,8 @@ pub fn clone_enter(ctx: TracePointContext) -> u32 {
 pub fn clone3_enter(ctx: TracePointContext) -> u32 {
     // struct clone_args starts with its u64 flags.
     start(|| {
-        let uargs =
-            unsafe { ctx.read_at::<*const u64>(CLONE3_UARGS_OFFSET.load() as usize) }.ok()?;
-        unsafe { bpf_probe_read_user(uargs) }.ok()
+        let uargs: u64 = memory::field(&ctx, &CLONE3_UARGS_OFFSET)?;
+        memory::user(uargs)
     });
     0
 }
@@ -84,16 +80,9 @@ pub fn fork_enter(_ctx: TracePointContext) -> u32 {
     0
 }
 
-/// The clone flags of `tid`'s clone in flight, if it is in one.
-#[inline(always)]
-pub fn flags_in_flight(tid: u32) -> Option<u64> {
-    let slot = slots::slot(&FORK_START, tid)?;
-    (slot.start_ns != 0 && slot.tid == tid && slot.flags_known != 0).then_some(slot.flags)
-}
-
 #[tracepoint]
 pub fn clone_exit(ctx: TracePointContext) -> u32 {
-    if let Ok(ret) = unsafe { ctx.read_at::<i64>(FORK_EXIT_RET_OFFSET.load() as usize) } {
+    if let Some(ret) = memory::field::<i64>(&ctx, &FORK_EXIT_RET_OFFSET) {
         finish(ret);
     }
     0
@@ -102,8 +91,7 @@ pub fn clone_exit(ctx: TracePointContext) -> u32 {
 /// The flags of a `struct kernel_clone_args` in kernel memory.
 #[inline(always)]
 fn kernel_clone_flags(args: u64) -> Option<u64> {
-    let at = args + u64::from(KERNEL_CLONE_FLAGS_OFFSET.load());
-    unsafe { bpf_probe_read_kernel(at as *const u64) }.ok()
+    memory::kernel(args + u64::from(KERNEL_CLONE_FLAGS_OFFSET.load()))
 }
 
 #[fentry(function = "kernel_clone")]
@@ -139,7 +127,7 @@ fn finish(ret: i64) {
     let tid = pid_tgid as u32;
     // The child also returns from clone (ret 0) with a fresh tid, which never
     // owns a slot: only the parent gets past this check.
-    let Some(slot) = slots::slot(&FORK_START, tid) else {
+    let Some(slot) = slots::fork(tid) else {
         return;
     };
     if slot.start_ns == 0 || slot.tid != tid {
@@ -148,9 +136,9 @@ fn finish(ret: i64) {
     let start_ns = slot.start_ns;
     let (flags, flags_known) = (slot.flags, slot.flags_known);
     slot.start_ns = 0;
-    let now = unsafe { bpf_ktime_get_ns() };
+    let end_ns = now();
     let tgid = (pid_tgid >> 32) as u32;
-    let latency_ns = now.saturating_sub(start_ns);
+    let latency_ns = end_ns.saturating_sub(start_ns);
     let Some(mut entry) = events::reserve::<ForkEvent>(Stat::LostFork) else {
         let kind = TaskKind::from_flags((flags_known != 0).then_some(flags));
         overflow::fold(tgid, OverflowMetric::of_clone(ret, kind), latency_ns);
@@ -168,13 +156,4 @@ fn finish(ret: i64) {
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     events::submit(entry);
-}
-
-/// Called when a thread exits, so a clone interrupted by exit frees its slot.
-pub fn forget_thread(tid: u32) {
-    if let Some(slot) = slots::slot(&FORK_START, tid)
-        && slot.tid == tid
-    {
-        slot.start_ns = 0;
-    }
 }

@@ -3,16 +3,27 @@
 #![no_std]
 #![no_main]
 
+// The probes, one module each; they use only the modules below them, never
+// each other.
 mod accept;
-mod events;
 mod fork;
 mod hooks;
-mod offsets;
-mod overflow;
-mod slots;
 mod sock;
 mod watch;
 
+// What the probes share: state that crosses probes (slots, watch_set,
+// handshakes), the ring buffer and counters, and helpers.
+mod clock;
+mod events;
+mod handshakes;
+mod memory;
+mod offsets;
+mod overflow;
+mod slots;
+mod watch_set;
+
+// SAFETY: the loader reads the object's license, a NUL-terminated string,
+// from this section; no other symbol is named LICENSE.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

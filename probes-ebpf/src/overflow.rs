@@ -21,17 +21,21 @@ pub fn fold(tgid: u32, metric: OverflowMetric, ns: u64) {
         metric: metric as u16,
         bucket: bucket_of(ns),
     };
-    if let Some(n) = OVERFLOW.get_ptr_mut(&key) {
-        // This CPU's value; tracepoint programs do not nest on one CPU.
+    if let Some(n) = OVERFLOW.get_ptr_mut(key) {
+        // SAFETY: the pointer is this CPU's copy of the value, in the map's
+        // preallocated memory; the probes do not nest on one CPU, so nothing
+        // else writes it meanwhile. Userspace deletes a key only once its
+        // process has exited and so can fold nothing more.
         unsafe { *n += 1 };
         return;
     }
     // A new key starts at 1 on this CPU (0 on the others); if another CPU
     // created it meanwhile, ours is there now too.
-    if OVERFLOW.insert(&key, &1, u64::from(BPF_NOEXIST)).is_ok() {
+    if OVERFLOW.insert(key, 1, u64::from(BPF_NOEXIST)).is_ok() {
         return;
     }
-    match OVERFLOW.get_ptr_mut(&key) {
+    match OVERFLOW.get_ptr_mut(key) {
+        // SAFETY: as above.
         Some(n) => unsafe { *n += 1 },
         None => events::count(Stat::OverflowFull),
     }

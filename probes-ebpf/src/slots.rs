@@ -1,18 +1,69 @@
-//! Per-thread slots for syscalls in flight (see probes_common::DEFAULT_SLOTS).
+//! Per-thread slots for syscalls in flight (see probes_common::DEFAULT_SLOTS):
+//! the accept and clone probes keep their start here, the clone probe's flags
+//! are read here by `sched_process_fork`, and a thread's exit frees its slots.
 
-use aya_ebpf::{Global, maps::Array};
-use probes_common::DEFAULT_SLOTS;
+use aya_ebpf::{Global, macros::map, maps::Array};
+use probes_common::{DEFAULT_SLOTS, accept::AcceptStart, fork::ForkStart};
 
 /// Slot count minus one, set by userspace from pid_max.
+// SAFETY: no other symbol has this name; userspace sets the global by it.
 #[unsafe(no_mangle)]
 static SLOT_MASK: Global<u32> = Global::new(DEFAULT_SLOTS - 1);
 
+#[map]
+static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
+#[map]
+static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
 /// The slot of thread `tid` in `map`.
 #[inline(always)]
-pub fn slot<T>(map: &'static Array<T>, tid: u32) -> Option<&'static mut T> {
+#[expect(
+    clippy::mut_from_ref,
+    reason = "the slot is the kernel's map memory, not borrowed from the map handle"
+)]
+fn slot<T>(map: &'static Array<T>, tid: u32) -> Option<&'static mut T> {
     let ptr = map.get_ptr_mut(tid & SLOT_MASK.load())?;
-    // SAFETY: array values live as long as the map; a slot is written only by
-    // the thread whose id maps to it (or, when pid_max exceeds the slot count,
-    // a thread sharing it, which the probes detect and count).
+    // SAFETY: the pointer is to an array value, which lives as long as the
+    // map and so the program. Only the thread whose id maps to the slot
+    // writes it, one program at a time (its syscall enter, the exit, its
+    // own exit); when pid_max exceeds the slot count two threads can share
+    // a slot, which the probes detect by its `tid` and count as a drop.
     Some(unsafe { &mut *ptr })
+}
+
+/// Thread `tid`'s accept slot.
+#[inline(always)]
+pub fn accept(tid: u32) -> Option<&'static mut AcceptStart> {
+    slot(&ACCEPT_START, tid)
+}
+
+/// Thread `tid`'s clone slot.
+#[inline(always)]
+pub fn fork(tid: u32) -> Option<&'static mut ForkStart> {
+    slot(&FORK_START, tid)
+}
+
+/// The clone flags of `tid`'s clone in flight, if it is in one and they
+/// were read.
+#[inline(always)]
+pub fn fork_flags_in_flight(tid: u32) -> Option<u64> {
+    let slot = fork(tid)?;
+    (slot.start_ns != 0 && slot.tid == tid && slot.flags_known != 0).then_some(slot.flags)
+}
+
+/// Frees the slots of an exiting thread, so a syscall its exit interrupted is
+/// not finished by a later thread that reuses its id.
+#[inline(always)]
+pub fn forget_thread(tid: u32) {
+    if let Some(slot) = accept(tid)
+        && slot.tid == tid
+    {
+        slot.start_ns = 0;
+    }
+    if let Some(slot) = fork(tid)
+        && slot.tid == tid
+    {
+        slot.start_ns = 0;
+    }
 }

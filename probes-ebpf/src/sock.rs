@@ -8,10 +8,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     Global,
     bindings::seq_file,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_seq_write,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_seq_write},
     macros::{map, tracepoint},
     maps::{HashMap, LruHashMap},
     programs::TracePointContext,
@@ -26,13 +23,20 @@ use probes_common::{
     stats::Stat,
 };
 
-use crate::{events, offsets::offset_globals, watch::is_watched};
+use crate::{
+    clock::now,
+    events, handshakes,
+    memory::{self, Bits},
+    offsets::offset_globals,
+    watch_set::is_watched,
+};
 
 probes_common::sock_iter_members!(offset_globals);
 
+/// The `T` in the member at `offset` of the struct at `base`.
 #[inline(always)]
-unsafe fn read<T: Copy>(base: *const u8, offset: &Global<u32>) -> Option<T> {
-    unsafe { bpf_probe_read_kernel(base.add(offset.load() as usize).cast::<T>()) }.ok()
+fn read<T: Bits>(base: u64, offset: &Global<u32>) -> Option<T> {
+    memory::kernel(base + u64::from(offset.load()))
 }
 
 /// The iterator's context: `bpf_iter_meta *meta; sock_common *sk; uid_t uid`.
@@ -47,63 +51,64 @@ struct IterMeta {
     seq: *mut seq_file,
 }
 
+// SAFETY: the section tells the loader this is an iter/tcp program, which
+// the kernel calls with its iterator context, as the signature expects; no
+// other symbol is named tcp_sockets.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/tcp")]
 pub fn tcp_sockets(ctx: *const c_void) -> i32 {
+    // SAFETY: the kernel runs an iter/tcp program with a pointer to its
+    // `struct bpf_iter__tcp`, which starts as IterTcpCtx does and lives for
+    // the run.
     let ctx = unsafe { &*(ctx as *const IterTcpCtx) };
-    let sk = ctx.sk;
-    if sk.is_null() {
+    let sk = ctx.sk as u64;
+    if sk == 0 {
         // The end of the walk.
         return 0;
     }
+    // SAFETY: `meta` is never null in an iterator's context and points to
+    // the walk's bpf_iter_meta. A direct load: the verifier accepts only
+    // such a seq_file pointer for bpf_seq_write.
     let seq = unsafe { (*ctx.meta).seq };
-    let mut rec = TcpSocket::default();
-    unsafe {
-        rec.family = read(sk, &SKC_FAMILY).unwrap_or(0);
-        rec.state = read(sk, &SKC_STATE).unwrap_or(0);
-        rec.lport = read(sk, &SKC_NUM).unwrap_or(0);
-        rec.rport_be = read(sk, &SKC_DPORT).unwrap_or(0);
-        if rec.family == AF_INET {
-            let l: [u8; 4] = read(sk, &SKC_RCV_SADDR).unwrap_or([0; 4]);
-            let r: [u8; 4] = read(sk, &SKC_DADDR).unwrap_or([0; 4]);
-            rec.laddr[..4].copy_from_slice(&l);
-            rec.raddr[..4].copy_from_slice(&r);
-        } else if rec.family == AF_INET6 {
-            rec.laddr = read(sk, &SKC_V6_RCV_SADDR).unwrap_or([0; 16]);
-            rec.raddr = read(sk, &SKC_V6_DADDR).unwrap_or([0; 16]);
-        }
-        // TIME_WAIT and request sockets are not full `struct sock`s: only the
-        // sock_common part may be read.
-        if rec.state != TCP_TIME_WAIT && rec.state != TCP_NEW_SYN_RECV {
-            if rec.state == TCP_LISTEN {
-                rec.ack_backlog = read(sk, &SK_ACK_BACKLOG).unwrap_or(0);
-                rec.max_ack_backlog = read(sk, &SK_MAX_ACK_BACKLOG).unwrap_or(0);
-            }
-            rec.ino = inode(sk).unwrap_or(0);
-        }
-        bpf_seq_write(seq, (&raw const rec).cast(), size_of::<TcpSocket>() as u32);
+    let mut rec = TcpSocket {
+        family: read(sk, &SKC_FAMILY).unwrap_or(0),
+        state: read(sk, &SKC_STATE).unwrap_or(0),
+        lport: read(sk, &SKC_NUM).unwrap_or(0),
+        rport_be: read(sk, &SKC_DPORT).unwrap_or(0),
+        ..TcpSocket::default()
+    };
+    if rec.family == AF_INET {
+        let l: [u8; 4] = read(sk, &SKC_RCV_SADDR).unwrap_or([0; 4]);
+        let r: [u8; 4] = read(sk, &SKC_DADDR).unwrap_or([0; 4]);
+        rec.laddr[..4].copy_from_slice(&l);
+        rec.raddr[..4].copy_from_slice(&r);
+    } else if rec.family == AF_INET6 {
+        rec.laddr = read(sk, &SKC_V6_RCV_SADDR).unwrap_or([0; 16]);
+        rec.raddr = read(sk, &SKC_V6_DADDR).unwrap_or([0; 16]);
     }
+    // TIME_WAIT and request sockets are not full `struct sock`s: only the
+    // sock_common part may be read.
+    if rec.state != TCP_TIME_WAIT && rec.state != TCP_NEW_SYN_RECV {
+        if rec.state == TCP_LISTEN {
+            rec.ack_backlog = read(sk, &SK_ACK_BACKLOG).unwrap_or(0);
+            rec.max_ack_backlog = read(sk, &SK_MAX_ACK_BACKLOG).unwrap_or(0);
+        }
+        rec.ino = inode(sk).unwrap_or(0);
+    }
+    // SAFETY: `seq` is the walk's seq_file, from the kernel; the pointer and
+    // length describe `rec`, a live local. A record that does not fit is
+    // not written, and the kernel retries it in the next buffer.
+    unsafe { bpf_seq_write(seq, (&raw const rec).cast(), size_of::<TcpSocket>() as u32) };
     0
 }
 
 /// sk->sk_socket->file->f_inode->i_ino: the inode /proc/PID/fd links name.
 #[inline(always)]
-unsafe fn inode(sk: *const u8) -> Option<u64> {
-    unsafe {
-        let socket: *const u8 = read(sk, &SK_SOCKET)?;
-        if socket.is_null() {
-            return None;
-        }
-        let file: *const u8 = read(socket, &SOCKET_FILE)?;
-        if file.is_null() {
-            return None;
-        }
-        let inode: *const u8 = read(file, &FILE_INODE)?;
-        if inode.is_null() {
-            return None;
-        }
-        read(inode, &INODE_INO)
-    }
+fn inode(sk: u64) -> Option<u64> {
+    let socket: u64 = read(sk, &SK_SOCKET).filter(|&p| p != 0)?;
+    let file: u64 = read(socket, &SOCKET_FILE).filter(|&p| p != 0)?;
+    let inode: u64 = read(file, &FILE_INODE).filter(|&p| p != 0)?;
+    read(inode, &INODE_INO)
 }
 
 probes_common::sock_state_fields!(offset_globals);
@@ -113,21 +118,6 @@ static TRACKED: LruHashMap<u64, u32> = LruHashMap::with_max_entries(TRACKED_MAX_
 
 #[map]
 static LISTEN_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(LISTEN_OWNERS_MAX_ENTRIES, 0);
-
-/// When connections to watched listeners completed their handshake, by
-/// socket: the accept probe turns it into the accept-queue wait.
-#[map]
-static ESTABLISHED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
-
-/// When `sk` entered its listener's accept queue, if seen; forgets it.
-#[inline(always)]
-pub fn take_established(sk: u64) -> Option<u64> {
-    let at = ESTABLISHED_AT.get_ptr_mut(sk)?;
-    // Zeroed, not removed: an LRU delete costs more than the rest of the
-    // accept probe, and a zero reads as "not seen" just like a missing key.
-    let value = unsafe { core::mem::replace(&mut *at, 0) };
-    (value != 0).then_some(value)
-}
 
 const IPPROTO_TCP: u16 = 6;
 
@@ -147,9 +137,10 @@ fn by_owner(old: u8, new: u8) -> bool {
     )
 }
 
+/// A field of the record, 0 if it cannot be read.
 #[inline(always)]
-fn field<T: Copy + Default>(ctx: &TracePointContext, offset: &Global<u32>) -> T {
-    unsafe { ctx.read_at::<T>(offset.load() as usize) }.unwrap_or_default()
+fn field<T: Bits + Default>(ctx: &TracePointContext, offset: &Global<u32>) -> T {
+    memory::field(ctx, offset).unwrap_or_default()
 }
 
 #[tracepoint]
@@ -168,12 +159,18 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     // Whose socket is it? For changes made by the owner's own syscalls, the
     // caller's; otherwise one we learned about, or a connection arriving at a
     // watched listener.
+    // SAFETY: the value is copied out at once. LRU maps are preallocated, so
+    // the reference stays inside the map's memory even if the entry is
+    // deleted and its node reused meanwhile: at worst this one change is
+    // reported for another watched process.
     let tracked = unsafe { TRACKED.get(sk) }.copied();
     let owner = if by_owner && is_watched(tgid) {
         tgid
     } else if let Some(owner) = tracked {
         owner
     } else if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
+        // SAFETY: as for TRACKED: the map is preallocated (no
+        // BPF_F_NO_PREALLOC) and the value copied out at once.
         match unsafe { LISTEN_OWNERS.get(u32::from(lport)) } {
             Some(owner) => *owner,
             None => return 0,
@@ -182,24 +179,28 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
         return 0;
     };
 
-    let ts_ns = unsafe { bpf_ktime_get_ns() };
+    let ts_ns = now();
     if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
-        let _ = ESTABLISHED_AT.insert(sk, ts_ns, 0);
+        handshakes::note(sk, ts_ns);
     }
     if new == TCP_CLOSE {
+        // A missing key is no failure: most closing sockets were never
+        // listeners, or were forgotten already.
         let _ = TRACKED.remove(sk);
-        let _ = ESTABLISHED_AT.remove(sk);
+        handshakes::forget(sk);
         if old == TCP_LISTEN {
             let _ = LISTEN_OWNERS.remove(u32::from(lport));
         }
     } else {
         // An LRU update costs more than the rest of the program: only when
         // the socket is new to us or changes hands.
-        if tracked != Some(owner) {
-            let _ = TRACKED.insert(sk, owner, 0);
+        if tracked != Some(owner) && TRACKED.insert(sk, owner, 0).is_err() {
+            // An LRU map evicts to make room: this fails only when the
+            // kernel found no free node (contention across CPUs).
+            events::count(Stat::TrackedInsertFailed);
         }
-        if new == TCP_LISTEN {
-            let _ = LISTEN_OWNERS.insert(u32::from(lport), owner, 0);
+        if new == TCP_LISTEN && LISTEN_OWNERS.insert(u32::from(lport), owner, 0).is_err() {
+            events::count(Stat::ListenOwnersFull);
         }
     }
 

@@ -5,10 +5,9 @@
 
 use aya_ebpf::{
     Global,
-    bindings::BPF_F_MMAPABLE,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{map, tracepoint},
-    maps::{Array, HashMap},
+    maps::HashMap,
     programs::TracePointContext,
 };
 use probes_common::{
@@ -16,16 +15,14 @@ use probes_common::{
     event::EventKind,
     lifecycle::{ExecEvent, ExitEvent, SpawnEvent},
     stats::Stat,
-    watch::{
-        PIDS_PER_CHUNK, WATCHED_DEFAULT_CHUNKS, WATCHED_NAMES_MAX_ENTRIES, WatchChunk, WatchReason,
-        version_start,
-    },
+    watch::{WATCHED_NAMES_MAX_ENTRIES, WatchReason, version_start},
 };
 
-use crate::{events, events::count, fork};
-
-#[map]
-static WATCHED: Array<WatchChunk> = Array::with_max_entries(WATCHED_DEFAULT_CHUNKS, BPF_F_MMAPABLE);
+use crate::{
+    clock::now,
+    events, memory, slots,
+    watch_set::{self, is_watched, watch},
+};
 
 #[map]
 static WATCHED_NAMES: HashMap<[u8; TASK_COMM_LEN], u32> =
@@ -33,28 +30,9 @@ static WATCHED_NAMES: HashMap<[u8; TASK_COMM_LEN], u32> =
 
 /// Offset of `child_pid` in the `sched_process_fork` record, read from tracefs
 /// at load time (6.18 moved it).
+// SAFETY: no other symbol has this name; userspace sets the global by it.
 #[unsafe(no_mangle)]
 static FORK_CHILD_PID_OFFSET: Global<u32> = Global::new(0);
-
-/// The byte for `pid`, or None past the array (pid_max raised after load).
-#[inline(always)]
-fn byte(pid: u32) -> Option<*mut u8> {
-    let chunk = WATCHED.get_ptr_mut(pid / PIDS_PER_CHUNK as u32)?;
-    // SAFETY: the index is below PIDS_PER_CHUNK, inside the chunk.
-    Some(unsafe { chunk.cast::<u8>().add(pid as usize % PIDS_PER_CHUNK) })
-}
-
-#[inline(always)]
-pub fn is_watched(tgid: u32) -> bool {
-    byte(tgid).is_some_and(|b| unsafe { *b } != 0)
-}
-
-fn watch(pid: u32, reason: WatchReason) {
-    match byte(pid) {
-        Some(b) => unsafe { *b = reason as u8 },
-        None => count(Stat::WatchOutOfRange),
-    }
-}
 
 #[tracepoint]
 pub fn watch_fork(ctx: TracePointContext) -> u32 {
@@ -63,7 +41,7 @@ pub fn watch_fork(ctx: TracePointContext) -> u32 {
     if !is_watched(parent_tgid) {
         return 0;
     }
-    let Ok(child) = (unsafe { ctx.read_at::<i32>(FORK_CHILD_PID_OFFSET.load() as usize) }) else {
+    let Some(child) = memory::field::<i32>(&ctx, &FORK_CHILD_PID_OFFSET) else {
         return 0;
     };
     // A thread's tid entry is harmless while it lives (no process can hold
@@ -72,7 +50,7 @@ pub fn watch_fork(ctx: TracePointContext) -> u32 {
     // This runs inside the parent's clone, before the child is woken: the
     // flags the clone probe saw tell a thread from a process, and this event
     // reaches the ring before anything the child does.
-    let flags = fork::flags_in_flight(pid_tgid as u32);
+    let flags = slots::fork_flags_in_flight(pid_tgid as u32);
     let Some(mut entry) = events::reserve::<SpawnEvent>(Stat::LostSpawn) else {
         return 0;
     };
@@ -84,7 +62,7 @@ pub fn watch_fork(ctx: TracePointContext) -> u32 {
         flags: flags.unwrap_or(0),
         flags_known: flags.is_some() as u32,
         _pad: 0,
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns: now(),
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     events::submit(entry);
@@ -100,8 +78,7 @@ pub fn watch_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !is_watched(tgid) {
         let mut key = comm;
-        let named = unsafe { WATCHED_NAMES.get(key) }.is_some()
-            || (strip_version(&mut key) && unsafe { WATCHED_NAMES.get(key) }.is_some());
+        let named = is_watched_name(&key) || (strip_version(&mut key) && is_watched_name(&key));
         if !named {
             return 0;
         }
@@ -113,7 +90,7 @@ pub fn watch_exec(_ctx: TracePointContext) -> u32 {
     entry.write(ExecEvent {
         kind: EventKind::Exec as u32,
         tgid,
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns: now(),
         comm,
     });
     events::submit(entry);
@@ -126,18 +103,12 @@ pub fn watch_exit(_ctx: TracePointContext) -> u32 {
     let tid = pid_tgid as u32;
     // A dying thread's syscalls in flight must not be finished by a later
     // thread that reuses its id (inlined array loads: cheap for every exit).
-    crate::accept::forget_thread(tid);
-    fork::forget_thread(tid);
+    slots::forget_thread(tid);
     // Clears a thread's own entry, or the process's entry when its main
-    // thread (tid == tgid) exits. Read first: this runs at every exit on the
-    // machine, and most bytes are already 0.
-    let Some(b) = byte(tid) else {
-        return 0;
-    };
-    if unsafe { *b } == 0 {
+    // thread (tid == tgid) exits.
+    if !watch_set::forget(tid) {
         return 0;
     }
-    unsafe { *b = 0 };
     let tgid = (pid_tgid >> 32) as u32;
     if tid == tgid
         && let Some(mut entry) = events::reserve::<ExitEvent>(Stat::LostExit)
@@ -145,11 +116,19 @@ pub fn watch_exit(_ctx: TracePointContext) -> u32 {
         entry.write(ExitEvent {
             kind: EventKind::Exit as u32,
             tgid,
-            ts_ns: unsafe { bpf_ktime_get_ns() },
+            ts_ns: now(),
         });
         events::submit(entry);
     }
     0
+}
+
+/// Whether processes that exec into `comm` are watched.
+#[inline(always)]
+fn is_watched_name(comm: &[u8; TASK_COMM_LEN]) -> bool {
+    // SAFETY: only whether the key is there is used, never the value the
+    // reference points to (which userspace could change meanwhile).
+    unsafe { WATCHED_NAMES.get(comm) }.is_some()
 }
 
 /// Cuts comm's trailing version (`php-fpm8.2` → `php-fpm`, see

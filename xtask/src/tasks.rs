@@ -68,6 +68,16 @@ pub fn test(vm: bool) -> Result<()> {
         "warnings",
     ]))?;
     module_graph::check(&workspace_root(), &module_graph::CHECKED)?;
+    // The eBPF crate builds only for the BPF target, with nightly and
+    // build-std (as aya-build does it), in a target dir of its own.
+    run_cmd(
+        Command::new("rustup")
+            .current_dir(workspace_root())
+            .args(["run", "nightly", "cargo", "clippy", "--locked", "--release"])
+            .args(["-p", "probes-ebpf", "--bins", "--target=bpfel-unknown-none"])
+            .args(["-Z", "build-std=core", "--target-dir=target/ebpf-clippy"])
+            .args(["--", "-D", "warnings"]),
+    )?;
     // Integration test binaries in one crate run one after another, and the
     // tests inside each take a lock before loading probes.
     let mut totals = run_tests(cargo().args(["test", "--locked"]))?;

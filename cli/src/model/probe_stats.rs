@@ -71,6 +71,15 @@ pub struct Drops {
     pub watch_out_of_range: u64,
     /// Clones not timed because another watched thread's clone shared their slot.
     pub fork_slot_shared: u64,
+    /// Watched listening ports the kernel could not record (its map of
+    /// listeners was full): connections arriving there are not attributed.
+    pub listen_owners_full: u64,
+    /// Watched sockets the kernel could not record: their later state
+    /// changes made outside their owner's context are not reported.
+    pub tracked_insert_failed: u64,
+    /// Handshakes whose time the kernel could not record: those
+    /// connections' accept-queue waits are unknown.
+    pub handshake_insert_failed: u64,
 }
 
 impl Drops {
@@ -81,6 +90,9 @@ impl Drops {
             + self.accept_slot_shared
             + self.watch_out_of_range
             + self.fork_slot_shared
+            + self.listen_owners_full
+            + self.tracked_insert_failed
+            + self.handshake_insert_failed
     }
 
     /// Lost events whose numbers are missing from the report: all but the

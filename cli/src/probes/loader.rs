@@ -202,6 +202,9 @@ impl Probes {
             accept_slot_shared: read(Stat::AcceptSlotShared)?,
             watch_out_of_range: read(Stat::WatchOutOfRange)?,
             fork_slot_shared: read(Stat::ForkSlotShared)?,
+            listen_owners_full: read(Stat::ListenOwnersFull)?,
+            tracked_insert_failed: read(Stat::TrackedInsertFailed)?,
+            handshake_insert_failed: read(Stat::HandshakeInsertFailed)?,
         })
     }
 

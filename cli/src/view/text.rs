@@ -266,6 +266,9 @@ fn drops_line(d: &Drops) -> String {
         ("accept slot shared", d.accept_slot_shared),
         ("pid beyond watch set", d.watch_out_of_range),
         ("fork slot shared", d.fork_slot_shared),
+        ("listener map full", d.listen_owners_full),
+        ("socket map insert failed", d.tracked_insert_failed),
+        ("handshake map insert failed", d.handshake_insert_failed),
     ] {
         if n > 0 {
             causes.push(format!("{label} {n}"));
@@ -427,6 +430,20 @@ mod tests {
         }));
         assert!(
             text.contains("DROPS 15 (ring buffer full: accept 5, 5 still counted, tcp_state 4; skipped by the kernel (a BPF program was already running on that CPU): tcp_state 3; accept slot shared 1; fork slot shared 2; 10 not counted)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn failed_map_inserts_in_the_kernel_are_drops() {
+        let text = render(&report(Drops {
+            listen_owners_full: 1,
+            tracked_insert_failed: 2,
+            handshake_insert_failed: 3,
+            ..Drops::default()
+        }));
+        assert!(
+            text.contains("DROPS 6 (listener map full 1; socket map insert failed 2; handshake map insert failed 3; 6 not counted)"),
             "{text}"
         );
     }

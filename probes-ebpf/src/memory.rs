@@ -1,0 +1,56 @@
+//! Reads of kernel memory, user memory and tracepoint records, through the
+//! kernel's fault-handling copy helpers: a bad address is an error, never a
+//! fault. Safe for [`Bits`] types, since any bytes read are a valid value.
+
+use aya_ebpf::{
+    EbpfContext as _, Global,
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_user},
+    programs::TracePointContext,
+};
+
+/// Types of which every bit pattern is a valid value.
+///
+/// # Safety
+/// Implement only for such types: reads fill them with whatever bytes the
+/// kernel holds at the address, right or wrong.
+pub unsafe trait Bits: Copy {}
+
+// SAFETY: integers and byte arrays have no invalid bit patterns.
+unsafe impl Bits for u8 {}
+// SAFETY: as above.
+unsafe impl Bits for u16 {}
+// SAFETY: as above.
+unsafe impl Bits for u32 {}
+// SAFETY: as above.
+unsafe impl Bits for u64 {}
+// SAFETY: as above.
+unsafe impl Bits for i32 {}
+// SAFETY: as above.
+unsafe impl Bits for i64 {}
+// SAFETY: as above.
+unsafe impl<const N: usize> Bits for [u8; N] {}
+
+/// The `T` at kernel address `at`, None if the read fails.
+#[inline(always)]
+pub fn kernel<T: Bits>(at: u64) -> Option<T> {
+    // SAFETY: the helper copies size_of::<T>() bytes into a local through the
+    // kernel's fault-handling accessor, failing on a bad address; T: Bits,
+    // so those bytes are a valid T.
+    unsafe { bpf_probe_read_kernel(at as *const T) }.ok()
+}
+
+/// The `T` at user address `at` in the current task, None if the read
+/// fails (unmapped, or paged out where the probe cannot wait).
+#[inline(always)]
+pub fn user<T: Bits>(at: u64) -> Option<T> {
+    // SAFETY: as in `kernel`, for user memory.
+    unsafe { bpf_probe_read_user(at as *const T) }.ok()
+}
+
+/// The `T` at the offset in `offset` of the tracepoint record, None if the
+/// read fails. The offsets come from this kernel's tracefs `format` files
+/// at load; a wrong one reads wrong bytes, never outside the checked copy.
+#[inline(always)]
+pub fn field<T: Bits>(ctx: &TracePointContext, offset: &Global<u32>) -> Option<T> {
+    kernel(ctx.as_ptr() as u64 + u64::from(offset.load()))
+}
