@@ -7,7 +7,7 @@
 // each other.
 mod accept;
 mod fork;
-mod hooks;
+mod attach_check;
 mod sock;
 mod watch;
 

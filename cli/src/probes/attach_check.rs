@@ -1,5 +1,5 @@
-//! Which optional hooks this kernel offers, tried for real: `doctor` loads
-//! and attaches the do-nothing programs of probes-ebpf/src/hooks.rs, then
+//! Which optional attach types this kernel offers, tried for real: `doctor` loads
+//! and attaches the do-nothing programs of probes-ebpf/src/attach_check.rs, then
 //! detaches them. (`watch` itself needs only tracepoints and iter/tcp, which
 //! loading the probes proves.)
 

@@ -1,6 +1,6 @@
 //! Programs that do nothing: `stackprobe doctor` loads and attaches each one
-//! to learn whether this kernel offers the hook (kernels differ: this one
-//! refuses fentry and has no kprobes), then detaches it.
+//! to learn whether this kernel offers the attach type (kernels differ: some
+//! are built without kprobes, some refuse fentry), then detaches it.
 
 use aya_ebpf::{
     macros::{btf_tracepoint, fentry, kprobe},
