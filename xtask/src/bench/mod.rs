@@ -3,18 +3,21 @@
 //!
 //! 1. probe cost (ns per program run) under accept, fork and churn loads;
 //! 2. requests/s of the lab's nginx and PHP pages with nothing attached,
-//!    stackprobe, and bpftrace, interleaved;
+//!    empty programs on stackprobe's hooks (the floor), bpftrace, and
+//!    stackprobe, interleaved, with each one's CPU per request;
 //! 3. the event rates stackprobe takes without dropping, and its CPU;
 //! 4. footprint: RSS, kernel map memory and time to attach;
-//! 5. total CPU per request and per probe run (BPF + userspace).
+//! 5. total CPU per probe run (BPF + userspace).
 //!
 //! These machines are noisy: every comparison is a ratio within one run.
 
 mod capacity;
+mod floor;
 mod footprint;
 mod loopback;
 pub mod probe_cost;
 mod server;
+mod server_report;
 mod tracer;
 
 use std::{fmt::Write as _, fs, process::Command, time::Instant};

@@ -1,50 +1,23 @@
-//! Sections 2 and 5: the lab's requests/s with nothing attached, under
-//! stackprobe, and under bpftrace measuring the same things, interleaved
-//! round by round; and what each tracer spends per request (BPF programs plus
-//! its own userspace CPU).
+//! Sections 2 and 5: the lab's requests/s with nothing attached, with empty
+//! programs on stackprobe's hooks (the floor), under bpftrace measuring the
+//! same things as stackprobe, and under stackprobe, interleaved round by
+//! round; and what each spends per request (BPF programs plus its own
+//! userspace CPU).
 
-use std::fmt::Write as _;
+use std::time::Instant;
 
 use anyhow::{Result, ensure};
 
 use super::{
-    BpfStats, Scale, spread,
+    BpfStats, Scale, floor,
+    server_report::{self, CONFIGS, Config, Page, Round, Run},
     tracer::{Tracer, new_program_runs, program_ids, summary},
 };
-use crate::lab::{self, LoadArgs, Page};
+use crate::lab::{self, LoadArgs, Page as LabPage};
 
-#[derive(Clone, Copy, PartialEq)]
-enum Config {
-    None,
-    Stackprobe,
-    Bpftrace,
-}
-
-const CONFIGS: [Config; 3] = [Config::None, Config::Stackprobe, Config::Bpftrace];
-
-impl Config {
-    fn name(self) -> &'static str {
-        match self {
-            Config::None => "nothing attached",
-            Config::Stackprobe => "stackprobe",
-            Config::Bpftrace => "bpftrace",
-        }
-    }
-}
-
-/// One wrk run under one configuration.
-#[derive(Default, Clone, Copy)]
-struct Run {
-    per_s: f64,
-    requests: u64,
-    /// BPF program runs and their run time (ns) during the load.
-    bpf_runs: u64,
-    bpf_ns: u64,
-    /// The tracer's own CPU during the load, in seconds.
-    user_cpu_s: f64,
-    /// Events stackprobe lost (ring buffer full).
-    drops: u64,
-}
+const STACKPROBE_ARGS: [&str; 6] = [
+    "watch", "nginx", "php-fpm", "postgres", "--no-tui", "--json",
+];
 
 /// bpftrace measuring what stackprobe measures on the lab: accept and clone
 /// latency per process name, TCP state transitions, postgres exits.
@@ -60,28 +33,30 @@ tracepoint:sched:sched_process_exit /comm == \"postgres\"/ {{ @exits = count(); 
     )
 }
 
-fn measure(config: Config, load: &LoadArgs, script: &str) -> Result<Run> {
+/// The bpftrace scripts of the floor and of bpftrace, and the floor's hooks
+/// (each stackprobe run must attach the same).
+struct Scripts {
+    floor_hooks: Vec<&'static str>,
+    floor: String,
+    bpftrace: String,
+}
+
+fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     let before = program_ids()?;
     let tracer = match config {
         Config::None => None,
-        Config::Stackprobe => Some(Tracer::stackprobe(&[
-            "watch", "nginx", "php-fpm", "postgres", "--no-tui", "--json",
-        ])?),
-        Config::Bpftrace => Some(Tracer::bpftrace(script)?),
+        Config::Floor => Some(Tracer::bpftrace(&scripts.floor)?),
+        Config::Bpftrace => Some(Tracer::bpftrace(&scripts.bpftrace)?),
+        Config::Stackprobe => Some(Tracer::stackprobe(&STACKPROBE_ARGS)?),
     };
-    let cpu_before = tracer
-        .as_ref()
-        .map(Tracer::cpu_s)
-        .transpose()?
-        .unwrap_or(0.0);
+    let cpu = || tracer.as_ref().map(Tracer::cpu_s).transpose();
+    let cpu_before = cpu()?.unwrap_or(0.0);
+    let started = Instant::now();
     let runs_before = new_program_runs(&before)?;
     let (url, _, wrk) = lab::wrk(load)?;
     let runs_after = new_program_runs(&before)?;
-    let cpu_after = tracer
-        .as_ref()
-        .map(Tracer::cpu_s)
-        .transpose()?
-        .unwrap_or(0.0);
+    let cpu_after = cpu()?.unwrap_or(0.0);
+    let wall_s = started.elapsed().as_secs_f64();
     ensure!(
         wrk.non_2xx == 0 && wrk.socket_errors == 0,
         "{url} under {}: {} error responses, {} socket errors",
@@ -95,12 +70,19 @@ fn measure(config: Config, load: &LoadArgs, script: &str) -> Result<Run> {
     if let Some(tracer) = tracer {
         let lines = tracer.stop()?;
         if config == Config::Stackprobe {
-            drops = summary(&lines)?["drops"].as_u64().unwrap_or(0);
+            let summary = summary(&lines)?;
+            ensure!(
+                floor::hooks(&summary)? == scripts.floor_hooks,
+                "stackprobe took other hooks than the floor's: {}",
+                summary["hooks"]
+            );
+            drops = summary["drops"].as_u64().unwrap_or(0);
         }
     }
     Ok(Run {
         per_s: wrk.per_s,
         requests: wrk.requests,
+        wall_s,
         bpf_runs: runs_after.0 - runs_before.0,
         bpf_ns: runs_after.1 - runs_before.1,
         user_cpu_s: cpu_after - cpu_before,
@@ -110,38 +92,60 @@ fn measure(config: Config, load: &LoadArgs, script: &str) -> Result<Run> {
 
 pub fn run(scale: &Scale) -> Result<String> {
     let _stats = BpfStats::enable()?;
-    let script = bpftrace_script(&lab::php_fpm_comm()?);
+    let floor_hooks = floor::discover(&STACKPROBE_ARGS)?;
+    let scripts = Scripts {
+        floor: floor::script(&floor_hooks),
+        bpftrace: bpftrace_script(&lab::php_fpm_comm()?),
+        floor_hooks,
+    };
     let rounds = scale.pick(1, 3);
     let seconds = scale.pick(2, 5);
     let pages = [
         (
-            Page::Static,
+            LabPage::Static,
             "static page through the frontend without upstream keepalive (a backend connection per request)",
         ),
         (
-            Page::New,
+            LabPage::New,
             "PHP page opening a new postgres connection per request (a postgres fork per request)",
         ),
     ];
-    let mut md2 = String::from(
+    let mut md2 = format!(
         "\n## 2. Cost to the watched server\n\n\
          The lab (`cargo xtask lab up`: nginx → nginx → php-fpm → postgres) under wrk \
-         (2 threads, 8 connections), with nothing attached, under `stackprobe watch nginx php-fpm \
-         postgres`, and under a bpftrace script measuring the same things (accept and clone \
-         latency histograms per process name, TCP state transitions, postgres exits), interleaved \
-         round by round. BPF run-time statistics are on in every run (≈ 20 ns per program run, for \
-         both tools alike). Target: stackprobe ≤ 1% throughput loss and below bpftrace's.\n\n",
+         (2 threads, 8 connections), interleaved round by round: with nothing attached; with the \
+         floor; under a bpftrace script measuring the same things as stackprobe (accept and clone \
+         latency histograms per process name, TCP state transitions, postgres exits); and under \
+         `stackprobe watch nginx php-fpm postgres`.\n\n\
+         The floor is bpftrace running an empty program on each hook stackprobe attached on this \
+         kernel (its report's hooks, checked against the perf-event links the kernel \
+         lists for its process): {}. It is what these hooks cost this kernel whatever a tracer does in them, \
+         which no tracer on them can beat: a program run per event and, for the syscall \
+         tracepoints, more, since enabling any syscall tracepoint sends every syscall of every \
+         task through the kernel's slow syscall path, traced or not.\n\n\
+         Per request: the BPF programs' run time (from the kernel's run-time statistics, on in \
+         every run, ≈ 20 ns per program run for every configuration alike), the tracer's own user \
+         + system CPU during the load (from /proc; bpftrace's start-up compile is not counted), \
+         and their sum; medians over the rounds. Targets for stackprobe: total CPU per request \
+         ≤ bpftrace's; its userspace ≤ 1 % of a core under the static load; throughput within 2 \
+         points of the floor's (points: hundredths of the throughput with nothing attached, per \
+         round).\n\n",
+        scripts
+            .floor_hooks
+            .iter()
+            .map(|h| format!("`{h}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let mut md5 = String::from(
-        "\n## 5. Total CPU per request and per probe run\n\n\
-         During the runs of section 2: the BPF programs' run time (from the kernel's run-time \
-         statistics) plus the tracer's own user + system CPU during the load (from /proc; \
-         bpftrace's start-up compile is not counted), divided by the requests served and by \
-         the probe runs. Medians over the rounds.\n\n\
-         | load | tracer | probe runs/request | BPF ns/request | userspace ns/request | total ns/request | total ns/probe run |\n\
-         |---|---|---:|---:|---:|---:|---:|\n",
+        "\n## 5. Total CPU per probe run\n\n\
+         During the runs of section 2 (whose tables give the totals per request): the probe runs \
+         per request, and the BPF programs' run time and the total (BPF + the tracer's \
+         userspace) divided by the probe runs. Medians over the rounds.\n\n\
+         | load | configuration | probe runs/request | BPF ns/probe run | total ns/probe run |\n\
+         |---|---|---:|---:|---:|\n",
     );
-    for (page, what) in pages {
+    for (page, title) in pages {
         let load = LoadArgs {
             page,
             keepalive: false,
@@ -150,65 +154,27 @@ pub fn run(scale: &Scale) -> Result<String> {
         };
         // Warm up: php-fpm workers, postgres caches, TIME_WAIT steady state.
         lab::wrk(&LoadArgs { seconds: 1, ..load })?;
-        let mut runs: Vec<[Run; 3]> = Vec::new();
+        let mut runs: Vec<Round> = Vec::new();
         for round in 1..=rounds {
-            let mut this = [Run::default(); 3];
-            for (i, config) in CONFIGS.into_iter().enumerate() {
-                this[i] = measure(config, &load, &script)?;
+            let mut this = Round::default();
+            for config in CONFIGS {
+                this.0[config as usize] = measure(config, &load, &scripts)?;
             }
+            let per_s: Vec<String> = this.0.iter().map(|r| format!("{:.0}", r.per_s)).collect();
             eprintln!(
-                "server {page:?} round {round}: {:.0} / {:.0} / {:.0} requests/s",
-                this[0].per_s, this[1].per_s, this[2].per_s
+                "server {page:?} round {round}: {} requests/s ({})",
+                per_s.join(" / "),
+                CONFIGS.map(Config::name).join(" / ")
             );
             runs.push(this);
         }
-        let _ = writeln!(
-            md2,
-            "**{what}** ({rounds} rounds × {seconds} s)\n\n\
-             | configuration | requests/s median [min–max] | vs nothing attached, per round: median [min–max] | events dropped |\n|---|---:|---:|---:|"
-        );
-        for (i, config) in CONFIGS.into_iter().enumerate() {
-            let (med, lo, hi) = spread(&runs.iter().map(|r| r[i].per_s).collect::<Vec<_>>());
-            let ratio = if i == 0 {
-                "1".to_string()
-            } else {
-                let (m, l, h) = spread(
-                    &runs
-                        .iter()
-                        .map(|r| r[i].per_s / r[0].per_s)
-                        .collect::<Vec<_>>(),
-                );
-                format!("{m:.3} [{l:.3}–{h:.3}]")
-            };
-            let drops = if config == Config::Stackprobe {
-                runs.iter().map(|r| r[i].drops).sum::<u64>().to_string()
-            } else {
-                "-".to_string()
-            };
-            let _ = writeln!(
-                md2,
-                "| {} | {med:.0} [{lo:.0}–{hi:.0}] | {ratio} | {drops} |",
-                config.name()
-            );
-        }
-        md2.push('\n');
-        for (i, config) in CONFIGS.into_iter().enumerate().skip(1) {
-            let per = |f: &dyn Fn(&Run) -> f64| {
-                spread(&runs.iter().map(|r| f(&r[i])).collect::<Vec<_>>()).0
-            };
-            let req = |r: &Run| r.requests.max(1) as f64;
-            let bpf = per(&|r| r.bpf_ns as f64 / req(r));
-            let user = per(&|r| r.user_cpu_s * 1e9 / req(r));
-            let total = per(&|r| (r.bpf_ns as f64 + r.user_cpu_s * 1e9) / req(r));
-            let per_run =
-                per(&|r| (r.bpf_ns as f64 + r.user_cpu_s * 1e9) / r.bpf_runs.max(1) as f64);
-            let runs_per_req = per(&|r| r.bpf_runs as f64 / req(r));
-            let _ = writeln!(
-                md5,
-                "| {page:?} | {} | {runs_per_req:.1} | {bpf:.0} | {user:.0} | {total:.0} | {per_run:.0} |",
-                config.name()
-            );
-        }
+        md2.push_str(&server_report::page_table(&Page {
+            title,
+            seconds,
+            cpu_target: page == LabPage::Static,
+            rounds: &runs,
+        }));
+        md5.push_str(&server_report::per_run_rows(&format!("{page:?}"), &runs));
     }
     Ok(md2 + &md5)
 }

@@ -1,0 +1,233 @@
+//! The floor of section 2: empty programs on exactly the hooks stackprobe
+//! attaches on this kernel, run by bpftrace. No tracer on these hooks can
+//! cost less: the kernel still runs a program per event, and an enabled
+//! syscall tracepoint sends every syscall of every task through the slow
+//! path.
+
+use std::{collections::BTreeSet, fs};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde_json::Value;
+
+use super::tracer::{Tracer, summary};
+
+/// What `stackprobe watch` attaches whichever rungs its ladders take
+/// (cli/src/probes/{watch,accept,sock}.rs), in bpftrace's probe syntax.
+const ALWAYS: [&str; 8] = [
+    "tracepoint:sched:sched_process_fork",
+    "tracepoint:sched:sched_process_exec",
+    "tracepoint:sched:sched_process_exit",
+    "tracepoint:syscalls:sys_enter_accept",
+    "tracepoint:syscalls:sys_enter_accept4",
+    "tracepoint:syscalls:sys_exit_accept",
+    "tracepoint:syscalls:sys_exit_accept4",
+    "tracepoint:sock:inet_sock_set_state",
+];
+
+/// The hooks behind one rung of a ladder, named as stackprobe's JSON
+/// `hooks[]` names it (cli/src/probes/{fork,accept}.rs).
+fn rung_hooks(metric: &str, hook: &str) -> Option<&'static [&'static str]> {
+    Some(match (metric, hook) {
+        ("fork", "fentry") => &["kfunc:kernel_clone", "kretfunc:kernel_clone"],
+        ("fork", "kprobe") => &["kprobe:kernel_clone", "kretprobe:kernel_clone"],
+        ("fork", "tracepoint") => &[
+            "tracepoint:syscalls:sys_enter_clone",
+            "tracepoint:syscalls:sys_enter_clone3",
+            "tracepoint:syscalls:sys_enter_fork",
+            "tracepoint:syscalls:sys_enter_vfork",
+            "tracepoint:syscalls:sys_exit_clone",
+            "tracepoint:syscalls:sys_exit_clone3",
+            "tracepoint:syscalls:sys_exit_fork",
+            "tracepoint:syscalls:sys_exit_vfork",
+        ],
+        ("accept_queue", "fexit") => &["kretfunc:inet_csk_accept"],
+        ("accept_queue", "kretprobe") => &["kretprobe:inet_csk_accept"],
+        // The accept exit tracepoint, already among ALWAYS, finds the socket.
+        ("accept_queue", "fd-walk") => &[],
+        _ => return None,
+    })
+}
+
+/// The floor's hooks for a stackprobe `--json` summary: the fixed ones and
+/// those of the rung each ladder took.
+pub fn hooks(summary: &Value) -> Result<Vec<&'static str>> {
+    let rungs = summary["hooks"]
+        .as_array()
+        .context("stackprobe's summary has no hooks[]")?;
+    let mut hooks = ALWAYS.to_vec();
+    for metric in ["fork", "accept_queue"] {
+        let hook = rungs
+            .iter()
+            .find(|r| r["metric"] == metric)
+            .and_then(|r| r["hook"].as_str())
+            .with_context(|| format!("stackprobe's summary names no hook for {metric}"))?;
+        let Some(rung) = rung_hooks(metric, hook) else {
+            bail!("stackprobe took the {hook} rung for {metric}, which the floor does not know");
+        };
+        hooks.extend_from_slice(rung);
+    }
+    Ok(hooks)
+}
+
+/// A bpftrace script with an empty program on each hook.
+pub fn script(hooks: &[&str]) -> String {
+    hooks.iter().map(|h| format!("{h} {{}}\n")).collect()
+}
+
+/// Hooks as the kernel describes a perf-event link: tracepoints without
+/// their category, kprobes by function. BPF trampolines (kfunc, kretfunc)
+/// are tracing links, which name no function, and are left out.
+fn link_view<'a>(hooks: impl IntoIterator<Item = &'a str>) -> BTreeSet<String> {
+    hooks
+        .into_iter()
+        .filter_map(|h| {
+            let (kind, rest) = h.split_once(':')?;
+            match kind {
+                "tracepoint" => Some(format!("tracepoint:{}", rest.rsplit(':').next()?)),
+                "kprobe" | "kretprobe" => Some(h.to_string()),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The hook of a perf-event BPF link from its /proc fdinfo, in the form of
+/// [`link_view`]. Recent kernels name the hook there; with one that does not,
+/// [`discover`] finds no hook and fails.
+fn link_hook(fdinfo: &str) -> Option<String> {
+    let field = |name: &str| {
+        fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    if field("link_type")? != "perf" {
+        return None;
+    }
+    match field("event_type")? {
+        "tracepoint" => Some(format!("tracepoint:{}", field("tp_name")?)),
+        kind @ ("kprobe" | "kretprobe") => Some(format!("{kind}:{}", field("name")?)),
+        _ => None,
+    }
+}
+
+/// The hooks of the perf-event links `pid` holds.
+fn attachments_of(pid: u32) -> Result<BTreeSet<String>> {
+    let mut hooks = BTreeSet::new();
+    for fd in fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let fd = fd?;
+        if fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:bpf_link") {
+            let info = fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))?;
+            hooks.extend(link_hook(&info));
+        }
+    }
+    Ok(hooks)
+}
+
+/// Starts and stops `stackprobe ARGS`, and returns the floor's hooks from
+/// its report, checked against the links the kernel lists for it.
+pub fn discover(stackprobe_args: &[&str]) -> Result<Vec<&'static str>> {
+    let tracer = Tracer::stackprobe(stackprobe_args)?;
+    let attached = attachments_of(tracer.pid);
+    let lines = tracer.stop()?;
+    let attached = attached?;
+    let hooks = hooks(&summary(&lines)?)?;
+    let expected = link_view(hooks.iter().copied());
+    ensure!(
+        attached == expected,
+        "the floor's hooks are not those stackprobe attached: stackprobe {attached:?}, floor {expected:?}"
+    );
+    Ok(hooks)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn report(fork: &str, queue: &str) -> Value {
+        json!({"type": "summary", "hooks": [
+            {"metric": "fork", "hook": fork, "description": ""},
+            {"metric": "accept_queue", "hook": queue, "description": ""},
+        ]})
+    }
+
+    #[test]
+    fn the_tracepoint_rungs_give_the_syscall_lifecycle_and_sock_tracepoints() {
+        let hooks = hooks(&report("tracepoint", "fd-walk")).unwrap();
+        assert_eq!(hooks.len(), 16);
+        assert!(hooks.iter().all(|h| h.starts_with("tracepoint:")));
+        for h in [
+            "tracepoint:syscalls:sys_enter_accept4",
+            "tracepoint:syscalls:sys_exit_clone3",
+            "tracepoint:syscalls:sys_enter_vfork",
+            "tracepoint:sched:sched_process_exec",
+            "tracepoint:sock:inet_sock_set_state",
+        ] {
+            assert!(hooks.contains(&h), "{h} missing");
+        }
+        assert_eq!(hooks.iter().collect::<BTreeSet<_>>().len(), hooks.len());
+    }
+
+    #[test]
+    fn the_trampoline_rungs_replace_the_clone_tracepoints() {
+        let hooks = hooks(&report("fentry", "fexit")).unwrap();
+        assert_eq!(hooks.len(), 11);
+        assert!(hooks.contains(&"kretfunc:kernel_clone"));
+        assert!(hooks.contains(&"kretfunc:inet_csk_accept"));
+        assert!(!hooks.iter().any(|h| h.contains("clone3")));
+    }
+
+    #[test]
+    fn an_unknown_rung_or_a_missing_metric_is_an_error() {
+        assert!(hooks(&report("uprobe", "fd-walk")).is_err());
+        assert!(hooks(&json!({"hooks": [{"metric": "fork", "hook": "kprobe"}]})).is_err());
+        assert!(hooks(&json!({"type": "summary"})).is_err());
+    }
+
+    #[test]
+    fn the_script_has_one_empty_program_per_hook() {
+        assert_eq!(
+            script(&["tracepoint:sched:sched_process_exit", "kprobe:kernel_clone"]),
+            "tracepoint:sched:sched_process_exit {}\nkprobe:kernel_clone {}\n"
+        );
+    }
+
+    #[test]
+    fn perf_links_are_read_as_hooks_and_others_left_out() {
+        let tracepoint = "pos:\t0\nflags:\t02000000\nlink_type:\tperf\nlink_id:\t3487\n\
+                          prog_id:\t2699\ntp_name:\tsched_process_fork\nevent_type:\ttracepoint\ncookie:\t0\n";
+        assert_eq!(
+            link_hook(tracepoint).as_deref(),
+            Some("tracepoint:sched_process_fork")
+        );
+        let kretprobe =
+            "link_type:\tperf\nname:\tkernel_clone\noffset:\t0x0\nevent_type:\tkretprobe\n";
+        assert_eq!(
+            link_hook(kretprobe).as_deref(),
+            Some("kretprobe:kernel_clone")
+        );
+        let tracing = "link_type:\ttracing\nattach_type:\t25\ntarget_btf_id:\t123\n";
+        assert_eq!(link_hook(tracing), None);
+        let uprobe = "link_type:\tperf\nname:\t/bin/x\nevent_type:\tuprobe\n";
+        assert_eq!(link_hook(uprobe), None);
+    }
+
+    #[test]
+    fn the_link_view_drops_categories_and_trampolines() {
+        let hooks = [
+            "tracepoint:syscalls:sys_enter_accept4",
+            "kretprobe:kernel_clone",
+            "kfunc:kernel_clone",
+        ];
+        let view: Vec<String> = link_view(hooks).into_iter().collect();
+        assert_eq!(
+            view,
+            ["kretprobe:kernel_clone", "tracepoint:sys_enter_accept4"]
+        );
+    }
+}

@@ -1,0 +1,403 @@
+//! Sections 2 and 5 from the lab's measured runs: for each page, every
+//! configuration's throughput and what its tracer spends per request, and
+//! stackprobe beside its targets, which are relative to bpftrace and to the
+//! floor.
+
+use std::fmt::Write as _;
+
+use super::spread;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Config {
+    None,
+    Floor,
+    Bpftrace,
+    Stackprobe,
+}
+
+/// Every round runs the configurations in this order; tables list them in it.
+pub const CONFIGS: [Config; 4] = [
+    Config::None,
+    Config::Floor,
+    Config::Bpftrace,
+    Config::Stackprobe,
+];
+
+impl Config {
+    pub fn name(self) -> &'static str {
+        match self {
+            Config::None => "nothing attached",
+            Config::Floor => "floor (empty programs)",
+            Config::Bpftrace => "bpftrace",
+            Config::Stackprobe => "stackprobe",
+        }
+    }
+}
+
+/// One wrk run under one configuration.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Run {
+    pub per_s: f64,
+    pub requests: u64,
+    /// Wall time between the two readings of the tracer's CPU, in seconds.
+    pub wall_s: f64,
+    /// BPF program runs and their run time (ns) during the load.
+    pub bpf_runs: u64,
+    pub bpf_ns: u64,
+    /// The tracer's own user + system CPU during the load, in seconds.
+    pub user_cpu_s: f64,
+    /// Events stackprobe lost (ring buffer full).
+    pub drops: u64,
+}
+
+impl Run {
+    fn per_request(&self, x: f64) -> f64 {
+        x / self.requests.max(1) as f64
+    }
+
+    fn bpf_ns_per_request(&self) -> f64 {
+        self.per_request(self.bpf_ns as f64)
+    }
+
+    fn user_us_per_request(&self) -> f64 {
+        self.per_request(self.user_cpu_s * 1e6)
+    }
+
+    /// BPF programs plus the tracer's userspace.
+    fn total_us_per_request(&self) -> f64 {
+        self.bpf_ns_per_request() / 1e3 + self.user_us_per_request()
+    }
+
+    /// The tracer's userspace CPU, 100 being one core busy all along.
+    fn user_core_percent(&self) -> f64 {
+        if self.wall_s > 0.0 {
+            self.user_cpu_s / self.wall_s * 100.0
+        } else {
+            0.0
+        }
+    }
+
+    fn runs_per_request(&self) -> f64 {
+        self.per_request(self.bpf_runs as f64)
+    }
+
+    fn per_run(&self, ns: f64) -> f64 {
+        ns / self.bpf_runs.max(1) as f64
+    }
+}
+
+/// A run of each configuration, in [`CONFIGS`] order.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Round(pub [Run; 4]);
+
+impl Round {
+    fn of(&self, config: Config) -> &Run {
+        &self.0[config as usize]
+    }
+
+    /// Throughput under `config` over throughput with nothing attached.
+    fn vs_nothing(&self, config: Config) -> f64 {
+        self.of(config).per_s / self.of(Config::None).per_s
+    }
+
+    /// How far stackprobe's throughput is below the floor's, in points
+    /// (hundredths of the throughput with nothing attached).
+    fn points_below_floor(&self) -> f64 {
+        (self.vs_nothing(Config::Floor) - self.vs_nothing(Config::Stackprobe)) * 100.0
+    }
+
+    /// stackprobe's total CPU per request over bpftrace's.
+    fn total_vs_bpftrace(&self) -> f64 {
+        self.of(Config::Stackprobe).total_us_per_request()
+            / self.of(Config::Bpftrace).total_us_per_request()
+    }
+}
+
+/// Median, min and max of `f` over non-empty `rounds`.
+fn over(rounds: &[Round], f: impl Fn(&Round) -> f64) -> (f64, f64, f64) {
+    spread(&rounds.iter().map(f).collect::<Vec<_>>())
+}
+
+fn median(rounds: &[Round], f: impl Fn(&Round) -> f64) -> f64 {
+    over(rounds, f).0
+}
+
+/// `median [min–max]` with `decimals` decimals.
+fn range((median, min, max): (f64, f64, f64), decimals: usize) -> String {
+    format!("{median:.decimals$} [{min:.decimals$}–{max:.decimals$}]")
+}
+
+/// The issue's targets for stackprobe on the lab.
+const USERSPACE_PERCENT_MAX: f64 = 1.0;
+const POINTS_BELOW_FLOOR_MAX: f64 = 2.0;
+
+/// One page's rounds, as measured.
+pub struct Page<'a> {
+    pub title: &'a str,
+    pub seconds: u64,
+    /// Whether stackprobe's userspace has a CPU target under this load
+    /// (it has under the static page's).
+    pub cpu_target: bool,
+    pub rounds: &'a [Round],
+}
+
+/// Section 2 for one page: a row per configuration, then stackprobe beside
+/// its targets.
+pub fn page_table(page: &Page) -> String {
+    let rounds = page.rounds;
+    let mut md = format!(
+        "**{}** ({} rounds × {} s)\n\n\
+         | configuration | requests/s median [min–max] | vs nothing attached, per round: median [min–max] \
+         | BPF ns/request | tracer userspace, % of a core | tracer userspace µs/request \
+         | total CPU µs/request | events dropped |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        page.title,
+        rounds.len(),
+        page.seconds
+    );
+    for config in CONFIGS {
+        let throughput = range(over(rounds, |r| r.of(config).per_s), 0);
+        let ratio = if config == Config::None {
+            "1".to_string()
+        } else {
+            range(over(rounds, |r| r.vs_nothing(config)), 3)
+        };
+        let bpf = median(rounds, |r| r.of(config).bpf_ns_per_request());
+        // With nothing attached there is no tracer process to measure.
+        let (core, user) = if config == Config::None {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                format!(
+                    "{:.1}",
+                    median(rounds, |r| r.of(config).user_core_percent())
+                ),
+                format!(
+                    "{:.1}",
+                    median(rounds, |r| r.of(config).user_us_per_request())
+                ),
+            )
+        };
+        let total = median(rounds, |r| r.of(config).total_us_per_request());
+        let drops = if config == Config::Stackprobe {
+            rounds
+                .iter()
+                .map(|r| r.of(config).drops)
+                .sum::<u64>()
+                .to_string()
+        } else {
+            "-".to_string()
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {throughput} | {ratio} | {bpf:.0} | {core} | {user} | {total:.1} | {drops} |",
+            config.name()
+        );
+    }
+    md.push_str(
+        "\n| stackprobe's target | measured, median [min–max] over rounds | met |\n|---|---|---|\n",
+    );
+    for (goal, measured, met) in targets(page) {
+        let _ = writeln!(
+            md,
+            "| {goal} | {measured} | {} |",
+            if met { "yes" } else { "no" }
+        );
+    }
+    md.push('\n');
+    md
+}
+
+/// (target, measured, met on the median) for stackprobe on one page.
+fn targets(page: &Page) -> Vec<(String, String, bool)> {
+    let rounds = page.rounds;
+    let mut targets = Vec::new();
+    let ratio = over(rounds, Round::total_vs_bpftrace);
+    targets.push((
+        "total CPU per request ≤ bpftrace's".to_string(),
+        format!("stackprobe ÷ bpftrace: {}", range(ratio, 2)),
+        ratio.0 <= 1.0,
+    ));
+    if page.cpu_target {
+        let core = over(rounds, |r| r.of(Config::Stackprobe).user_core_percent());
+        targets.push((
+            format!("userspace ≤ {USERSPACE_PERCENT_MAX} % of a core"),
+            format!("{} %", range(core, 1)),
+            core.0 <= USERSPACE_PERCENT_MAX,
+        ));
+    }
+    let points = over(rounds, Round::points_below_floor);
+    targets.push((
+        format!("throughput within {POINTS_BELOW_FLOOR_MAX} points of the floor"),
+        format!("floor − stackprobe: {} points", range(points, 1)),
+        points.0 <= POINTS_BELOW_FLOOR_MAX,
+    ));
+    targets
+}
+
+/// Section 5's rows for one page: each tracer's probe runs per request and
+/// its cost per probe run (medians over rounds).
+pub fn per_run_rows(load: &str, rounds: &[Round]) -> String {
+    let mut md = String::new();
+    for config in CONFIGS.into_iter().skip(1) {
+        let runs = median(rounds, |r| r.of(config).runs_per_request());
+        let bpf = median(rounds, |r| {
+            let run = r.of(config);
+            run.per_run(run.bpf_ns as f64)
+        });
+        let total = median(rounds, |r| {
+            let run = r.of(config);
+            run.per_run(run.bpf_ns as f64 + run.user_cpu_s * 1e9)
+        });
+        let _ = writeln!(
+            md,
+            "| {load} | {} | {runs:.1} | {bpf:.0} | {total:.0} |",
+            config.name()
+        );
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(per_s: f64, bpf_ns: u64, user_cpu_s: f64) -> Run {
+        Run {
+            per_s,
+            requests: (per_s * 5.0) as u64,
+            wall_s: 5.0,
+            bpf_runs: (per_s * 5.0) as u64 * 10,
+            bpf_ns,
+            user_cpu_s,
+            drops: 0,
+        }
+    }
+
+    /// 1000 requests/s for 5 s with nothing attached; the floor, bpftrace and
+    /// stackprobe at `per_s`, with `cost` = (BPF ns, userspace s).
+    fn round(per_s: [f64; 3], costs: [(u64, f64); 3]) -> Round {
+        Round([
+            run(1000.0, 0, 0.0),
+            run(per_s[0], costs[0].0, costs[0].1),
+            run(per_s[1], costs[1].0, costs[1].1),
+            run(per_s[2], costs[2].0, costs[2].1),
+        ])
+    }
+
+    #[test]
+    fn a_run_splits_its_cost_per_request_between_bpf_and_userspace() {
+        // 5000 requests; 10 ms of BPF, 40 ms of userspace over 5 s.
+        let r = run(1000.0, 10_000_000, 0.04);
+        assert_eq!(r.bpf_ns_per_request(), 2000.0);
+        assert!((r.user_us_per_request() - 8.0).abs() < 1e-9);
+        assert!((r.total_us_per_request() - 10.0).abs() < 1e-9);
+        assert!((r.user_core_percent() - 0.8).abs() < 1e-9);
+        assert_eq!(r.runs_per_request(), 10.0);
+        assert_eq!(r.per_run(r.bpf_ns as f64), 200.0);
+        assert_eq!(Run::default().user_core_percent(), 0.0);
+    }
+
+    #[test]
+    fn rounds_compare_stackprobe_with_the_floor_and_with_bpftrace() {
+        let r = round(
+            [950.0, 900.0, 930.0],
+            [(1_000_000, 0.0), (20_000_000, 0.0), (10_000_000, 0.02)],
+        );
+        assert!((r.vs_nothing(Config::Stackprobe) - 0.93).abs() < 1e-9);
+        assert!((r.points_below_floor() - 2.0).abs() < 1e-9);
+        // bpftrace: 20 ms over 4500 requests; stackprobe: 30 ms over 4650.
+        let expected = (30e6 / 4650.0) / (20e6 / 4500.0);
+        assert!((r.total_vs_bpftrace() - expected).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_page_table_has_a_row_per_configuration_and_the_targets() {
+        let rounds = [
+            round(
+                [950.0, 900.0, 940.0],
+                [(1_000_000, 0.0), (100_000_000, 0.0), (10_000_000, 0.02)],
+            ),
+            round(
+                [960.0, 910.0, 930.0],
+                [(1_000_000, 0.0), (100_000_000, 0.0), (10_000_000, 0.1)],
+            ),
+            round(
+                [970.0, 920.0, 900.0],
+                [(1_000_000, 0.0), (100_000_000, 0.0), (10_000_000, 0.04)],
+            ),
+        ];
+        let md = page_table(&Page {
+            title: "static",
+            seconds: 5,
+            cpu_target: true,
+            rounds: &rounds,
+        });
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
+        assert_eq!(rows.len(), 1 + 4 + 1 + 3, "{md}");
+        assert!(md.starts_with("**static** (3 rounds × 5 s)"));
+        assert_eq!(
+            rows[1],
+            "| nothing attached | 1000 [1000–1000] | 1 | 0 | - | - | 0.0 | - |"
+        );
+        assert_eq!(
+            rows[2],
+            "| floor (empty programs) | 960 [950–970] | 0.960 [0.950–0.970] | 208 | 0.0 | 0.0 | 0.2 | - |"
+        );
+        // stackprobe's userspace: 0.4, 2.0 and 0.8 % of a core; 4.3, 21.5
+        // and 8.9 µs per request.
+        assert_eq!(
+            rows[4],
+            "| stackprobe | 930 [900–940] | 0.930 [0.900–0.940] | 2151 | 0.8 | 8.9 | 11.1 | 0 |"
+        );
+        assert_eq!(
+            rows[7],
+            "| userspace ≤ 1 % of a core | 0.8 [0.4–2.0] % | yes |"
+        );
+        // Points below the floor: 1, 3 and 7.
+        assert_eq!(
+            rows[8],
+            "| throughput within 2 points of the floor | floor − stackprobe: 3.0 [1.0–7.0] points | no |"
+        );
+        // stackprobe ÷ bpftrace: 6.4 / 22.2, 23.7 / 22.0, 11.1 / 21.7 µs.
+        assert_eq!(
+            rows[6],
+            "| total CPU per request ≤ bpftrace's | stackprobe ÷ bpftrace: 0.51 [0.29–1.08] | yes |"
+        );
+    }
+
+    #[test]
+    fn the_cpu_target_shows_only_where_it_applies() {
+        let rounds = [round(
+            [950.0, 900.0, 940.0],
+            [(1_000_000, 0.0), (2_000_000, 0.0), (10_000_000, 0.5)],
+        )];
+        let md = page_table(&Page {
+            title: "new",
+            seconds: 5,
+            cpu_target: false,
+            rounds: &rounds,
+        });
+        assert!(!md.contains("| userspace ≤"));
+        assert!(md.contains("| total CPU per request ≤ bpftrace's | stackprobe ÷ bpftrace: "));
+        assert!(md.contains("| no |"));
+    }
+
+    #[test]
+    fn section_5_has_a_row_per_tracer() {
+        let rounds = [round(
+            [950.0, 900.0, 940.0],
+            [(1_000_000, 0.0), (2_000_000, 0.0), (10_000_000, 0.5)],
+        )];
+        let rows = per_run_rows("Static", &rounds);
+        let rows: Vec<&str> = rows.lines().collect();
+        assert_eq!(rows.len(), 3);
+        // The floor: 47500 runs, 1 ms: 21 ns per run.
+        assert_eq!(
+            rows[0],
+            "| Static | floor (empty programs) | 10.0 | 21 | 21 |"
+        );
+        // stackprobe: 47000 runs, 10 ms of BPF and 500 ms of userspace.
+        assert_eq!(rows[2], "| Static | stackprobe | 10.0 | 213 | 10851 |");
+    }
+}
