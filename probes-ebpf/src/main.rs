@@ -6,8 +6,8 @@
 // The probes, one module each; they use only the modules below them, never
 // each other.
 mod accept;
-mod fork;
 mod attach_check;
+mod fork;
 mod sock;
 mod watch;
 
