@@ -66,6 +66,18 @@ pub fn processes() -> Vec<ProcInfo> {
         .collect()
 }
 
+/// Whether `pid` still has a /proc entry (one stat, where `read` reads
+/// three files).
+pub fn alive(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// The process's comm (`task_struct::comm`).
+pub fn comm(pid: u32) -> Option<String> {
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(comm.trim_end_matches('\n').to_string())
+}
+
 /// The process's command line as one string: how forking servers title their
 /// processes (`postgres: app db 127.0.0.1(51234) idle`, `php-fpm: pool www`).
 pub fn cmdline(pid: u32) -> Option<String> {

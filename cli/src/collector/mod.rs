@@ -35,6 +35,8 @@ pub struct Collector {
     events: EventStream,
     table: ProcessTable,
     selector: Selector,
+    watch_set: watch_set::WatchSet,
+    sockets: sockets::Sockets,
     /// Watched processes alive at the last look, by pid and name.
     watching: Vec<(u32, String)>,
     /// Ring buffer events received: this interval and since the start.
@@ -82,6 +84,8 @@ impl Collector {
             events,
             table: ProcessTable::default(),
             selector,
+            watch_set: watch_set::WatchSet::default(),
+            sockets: sockets::Sockets::default(),
             watching: Vec::new(),
             received: Counter::default(),
             drain_tick,
@@ -179,7 +183,8 @@ impl Collector {
     /// of watched ones; mirrors it into the table.
     pub fn refresh(&mut self) -> Result<()> {
         let live: Vec<LiveProcess> =
-            watch_set::refresh(&self.selector, &mut self.probes, &self.table)?;
+            self.watch_set
+                .refresh(&self.selector, &mut self.probes, &self.table)?;
         self.watching = live.iter().map(|p| (p.pid, p.name.clone())).collect();
         self.table.sync_watched(&live);
         Ok(())
@@ -188,7 +193,7 @@ impl Collector {
     /// Looks at every TCP socket: listeners, their owners and backlogs,
     /// TIME_WAIT per link.
     pub fn observe_sockets(&mut self) -> Result<()> {
-        let snapshot = sockets::snapshot(&mut self.probes, &self.table)?;
+        let snapshot = self.sockets.snapshot(&mut self.probes, &self.table)?;
         self.table.links.observe_snapshot(snapshot);
         Ok(())
     }

@@ -2,8 +2,15 @@
 //! watched process owns each listening socket (by inode, as `ss -p` finds
 //! it), and the kernel's TCP counters. Owners are told to the kernel, which
 //! needs them to attribute connections whose handshake completes in softirq.
+//!
+//! Owners are cached by inode: /proc/PID/fd is read only for a listening
+//! socket not seen before (every watched process), or, for one no watched
+//! process held, for processes new to the watch set.
 
-use std::{collections::HashMap, time::Instant};
+use std::{
+    collections::{HashMap, HashSet},
+    time::Instant,
+};
 
 use anyhow::Result;
 
@@ -17,43 +24,193 @@ use crate::{
     procfs,
 };
 
-pub fn snapshot(probes: &mut Probes, table: &ProcessTable) -> Result<SocketSnapshot> {
-    let started = Instant::now();
-    let sockets = probes.tcp_sockets()?;
-    let listening: HashMap<u64, u16> = sockets
-        .iter()
-        .filter(|s| s.state == TcpState::Listen && s.ino != 0)
-        .map(|s| (s.ino, s.local.port()))
-        .collect();
-    let mut owners: HashMap<u16, u32> = HashMap::new();
-    if !listening.is_empty() {
-        // Lowest pid first: a master and its workers share the listening
-        // socket, and the master is named its owner.
+#[derive(Default)]
+pub struct Sockets {
+    /// Listening socket inode → the watched process holding it (the lowest
+    /// pid: a master and its workers share it), None if none does.
+    owner_of: HashMap<u64, Option<u32>>,
+    /// Watched pids whose fds were read for the inodes that are still
+    /// unowned.
+    scanned: HashSet<u32>,
+    /// What the kernel was told: port → owner.
+    told: HashMap<u16, u32>,
+}
+
+impl Sockets {
+    pub fn snapshot(
+        &mut self,
+        probes: &mut Probes,
+        table: &ProcessTable,
+    ) -> Result<SocketSnapshot> {
+        let started = Instant::now();
+        let sockets = probes.tcp_sockets()?;
+        let listening: HashMap<u64, u16> = sockets
+            .iter()
+            .filter(|s| s.state == TcpState::Listen && s.ino != 0)
+            .map(|s| (s.ino, s.local.port()))
+            .collect();
         let mut pids: Vec<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
         pids.sort_unstable();
-        for pid in pids {
-            for ino in procfs::socket_inodes(pid) {
-                if let Some(&port) = listening.get(&ino) {
-                    owners.entry(port).or_insert(pid);
+        self.find_owners(&listening, &pids, procfs::socket_inodes);
+        let mut owners: HashMap<u16, u32> = HashMap::new();
+        for (ino, owner) in &self.owner_of {
+            if let (Some(pid), Some(&port)) = (owner, listening.get(ino)) {
+                owners
+                    .entry(port)
+                    .and_modify(|p| *p = (*p).min(*pid))
+                    .or_insert(*pid);
+            }
+        }
+        for (&port, &owner) in &owners {
+            if self.told.get(&port) != Some(&owner) {
+                probes.set_listen_owner(port, owner)?;
+                self.told.insert(port, owner);
+            }
+        }
+        let c = procfs::tcp_ext_counters();
+        let get = |name: &str| c.get(name).copied().unwrap_or(0);
+        Ok(SocketSnapshot {
+            sockets,
+            owners,
+            counters: KernelCounters {
+                listen_overflows: get("ListenOverflows"),
+                listen_drops: get("ListenDrops"),
+                time_wait_overflows: get("TCPTimeWaitOverflow"),
+            },
+            ephemeral_ports: procfs::local_port_range()
+                .map(|(lo, hi)| u32::from(hi.saturating_sub(lo)) + 1),
+            took_us: started.elapsed().as_micros() as u64,
+        })
+    }
+
+    /// Brings `owner_of` up to date for the listening sockets now, reading
+    /// as few processes' fds as that needs; `pids` are the watched
+    /// processes, lowest first.
+    fn find_owners(
+        &mut self,
+        listening: &HashMap<u64, u16>,
+        pids: &[u32],
+        socket_inodes: impl Fn(u32) -> Vec<u64>,
+    ) {
+        let watched: HashSet<u32> = pids.iter().copied().collect();
+        // Closed sockets go; a socket whose owner left is looked for again.
+        self.owner_of.retain(|ino, owner| {
+            listening.contains_key(ino) && owner.is_none_or(|pid| watched.contains(&pid))
+        });
+        let unseen: HashSet<u64> = listening
+            .keys()
+            .filter(|ino| !self.owner_of.contains_key(ino))
+            .copied()
+            .collect();
+        let unowned: HashSet<u64> = self
+            .owner_of
+            .iter()
+            .filter(|(_, owner)| owner.is_none())
+            .map(|(&ino, _)| ino)
+            .collect();
+        let (wanted, readers): (HashSet<u64>, Vec<u32>) = if !unseen.is_empty() {
+            (&unseen | &unowned, pids.to_vec())
+        } else {
+            let new: Vec<u32> = pids
+                .iter()
+                .copied()
+                .filter(|pid| !self.scanned.contains(pid))
+                .collect();
+            (unowned, new)
+        };
+        for &ino in &unseen {
+            self.owner_of.insert(ino, None);
+        }
+        if !wanted.is_empty() {
+            for pid in readers {
+                for ino in socket_inodes(pid) {
+                    if wanted.contains(&ino)
+                        && let Some(owner) = self.owner_of.get_mut(&ino)
+                    {
+                        // Lowest pid first: the first found is the owner,
+                        // unless a lower one was found in an earlier look.
+                        *owner = Some(owner.map_or(pid, |o| o.min(pid)));
+                    }
                 }
             }
         }
+        self.scanned = watched;
     }
-    for (&port, &owner) in &owners {
-        probes.set_listen_owner(port, owner)?;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    /// Processes' socket inodes, and which pids had their fds read.
+    struct Fds {
+        held: HashMap<u32, Vec<u64>>,
+        read: RefCell<Vec<u32>>,
     }
-    let c = procfs::tcp_ext_counters();
-    let get = |name: &str| c.get(name).copied().unwrap_or(0);
-    Ok(SocketSnapshot {
-        sockets,
-        owners,
-        counters: KernelCounters {
-            listen_overflows: get("ListenOverflows"),
-            listen_drops: get("ListenDrops"),
-            time_wait_overflows: get("TCPTimeWaitOverflow"),
-        },
-        ephemeral_ports: procfs::local_port_range()
-            .map(|(lo, hi)| u32::from(hi.saturating_sub(lo)) + 1),
-        took_us: started.elapsed().as_micros() as u64,
-    })
+
+    impl Fds {
+        fn new(held: &[(u32, &[u64])]) -> Self {
+            Self {
+                held: held
+                    .iter()
+                    .map(|&(pid, inos)| (pid, inos.to_vec()))
+                    .collect(),
+                read: RefCell::default(),
+            }
+        }
+
+        fn inodes(&self, pid: u32) -> Vec<u64> {
+            self.read.borrow_mut().push(pid);
+            self.held.get(&pid).cloned().unwrap_or_default()
+        }
+
+        fn taken(&self) -> Vec<u32> {
+            std::mem::take(&mut *self.read.borrow_mut())
+        }
+    }
+
+    #[test]
+    fn owners_are_cached_and_only_what_changed_is_read() {
+        let mut s = Sockets::default();
+        // A master (10) and a worker (11) share listener 100; 12 holds nothing.
+        let fds = Fds::new(&[(10, &[100]), (11, &[100]), (12, &[7])]);
+        let listening = HashMap::from([(100, 80), (200, 22)]);
+        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p));
+        assert_eq!(
+            fds.taken(),
+            vec![10, 11, 12],
+            "new inodes: every watched pid"
+        );
+        assert_eq!(
+            s.owner_of[&100],
+            Some(10),
+            "the lowest pid owns a shared socket"
+        );
+        assert_eq!(
+            s.owner_of[&200], None,
+            "no watched process holds sshd's socket"
+        );
+
+        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p));
+        assert!(fds.taken().is_empty(), "nothing changed: no fd read");
+
+        // A new watched process: only it is read, for the unowned socket.
+        let fds = Fds::new(&[(10, &[100]), (11, &[100]), (13, &[200])]);
+        s.find_owners(&listening, &[10, 11, 12, 13], |p| fds.inodes(p));
+        assert_eq!(fds.taken(), vec![13]);
+        assert_eq!(s.owner_of[&200], Some(13));
+
+        // The master leaves: its socket is looked for again among all.
+        s.find_owners(&listening, &[11, 12, 13], |p| fds.inodes(p));
+        assert_eq!(fds.taken(), vec![11, 12, 13]);
+        assert_eq!(s.owner_of[&100], Some(11));
+
+        // A closed socket is forgotten.
+        s.find_owners(&HashMap::from([(200, 22)]), &[11, 12, 13], |p| {
+            fds.inodes(p)
+        });
+        assert!(!s.owner_of.contains_key(&100));
+    }
 }

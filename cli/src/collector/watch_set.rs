@@ -1,8 +1,10 @@
-//! Following the watch set from userspace: the kernel adds processes that
+//! Following the watch set from userspace. The kernel adds processes that
 //! exec a selected name and children of watched processes as they appear;
-//! this catches what was running before the probes attached.
+//! /proc is scanned once, at start, for what was running before the probes
+//! attached. After that only pids new to the watch set are read from /proc:
+//! the cost follows what changed, not how many processes the machine runs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, hash_map::Entry};
 
 use anyhow::Result;
 
@@ -15,48 +17,105 @@ use crate::{
     procfs,
 };
 
-/// Adds to the kernel's watch set every running process selected by name and
-/// every child of a watched process (those forked before the fork probe was
-/// attached); returns the watched processes now alive. Titles are read only
-/// for processes `table` has none for: they are set once, after fork or exec.
-pub fn refresh(
-    selector: &Selector,
-    probes: &mut Probes,
-    table: &ProcessTable,
-) -> Result<Vec<LiveProcess>> {
-    let procs = procfs::processes();
-    let mut watched: HashSet<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
-    for p in &procs {
-        if selector.matches_name(&p.comm, p.exe_basename.as_deref()) && watched.insert(p.pid) {
-            probes.watch_pid(p.pid)?;
+#[derive(Default)]
+pub struct WatchSet {
+    /// Watched pids already read from /proc, with what was read.
+    known: HashMap<u32, Known>,
+    scanned: bool,
+}
+
+struct Known {
+    name: String,
+    parent: Option<(u32, String)>,
+}
+
+impl WatchSet {
+    /// The watched processes now alive, for the table's sync. The first call
+    /// also adds to the kernel's watch set every running process selected
+    /// by name and every child of a watched one (forked before the fork
+    /// probe was attached). Titles are read only for processes `table` has
+    /// none for: they are set once, after fork or exec.
+    pub fn refresh(
+        &mut self,
+        selector: &Selector,
+        probes: &mut Probes,
+        table: &ProcessTable,
+    ) -> Result<Vec<LiveProcess>> {
+        if !self.scanned {
+            self.scanned = true;
+            self.scan(selector, probes)?;
         }
+        let watched: Vec<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
+        let current: HashSet<u32> = watched.iter().copied().collect();
+        self.known.retain(|pid, _| current.contains(pid));
+        let mut live = Vec::with_capacity(watched.len());
+        for pid in watched {
+            let known = match self.known.entry(pid) {
+                Entry::Occupied(known) if procfs::alive(pid) => known.into_mut(),
+                Entry::Occupied(_) => continue,
+                // New to the watch set: the one time its /proc entry is read.
+                Entry::Vacant(slot) => {
+                    let Some(p) = procfs::read(pid).filter(|p| p.is_process() && !p.zombie) else {
+                        continue;
+                    };
+                    slot.insert(Known {
+                        parent: procfs::comm(p.ppid).map(|name| (p.ppid, name)),
+                        name: p.comm,
+                    })
+                }
+            };
+            // The table's name is the newer one once an exec event renamed
+            // the process.
+            let name = table
+                .get(pid)
+                .map_or_else(|| known.name.clone(), |p| p.name.clone());
+            live.push(LiveProcess {
+                pid,
+                name,
+                title: match table.get(pid) {
+                    Some(p) if p.title.is_some() => None,
+                    _ => procfs::cmdline(pid),
+                },
+                parent: known.parent.clone(),
+            });
+        }
+        Ok(live)
     }
-    loop {
-        let orphans: Vec<u32> = procs
-            .iter()
-            .filter(|p| !watched.contains(&p.pid) && watched.contains(&p.ppid))
-            .map(|p| p.pid)
-            .collect();
-        if orphans.is_empty() {
-            break;
+
+    /// What was running before the probes attached: processes selected by
+    /// name, and the descendants of watched processes.
+    fn scan(&mut self, selector: &Selector, probes: &mut Probes) -> Result<()> {
+        let procs = procfs::processes();
+        let mut watched: HashSet<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
+        for p in &procs {
+            if selector.matches_name(&p.comm, p.exe_basename.as_deref()) && watched.insert(p.pid) {
+                probes.watch_pid(p.pid)?;
+            }
         }
-        for pid in orphans {
-            probes.watch_pid(pid)?;
-            watched.insert(pid);
+        loop {
+            let orphans: Vec<u32> = procs
+                .iter()
+                .filter(|p| !watched.contains(&p.pid) && watched.contains(&p.ppid))
+                .map(|p| p.pid)
+                .collect();
+            if orphans.is_empty() {
+                break;
+            }
+            for pid in orphans {
+                probes.watch_pid(pid)?;
+                watched.insert(pid);
+            }
         }
+        let names: HashMap<u32, &str> = procs.iter().map(|p| (p.pid, p.comm.as_str())).collect();
+        for p in procs.iter().filter(|p| watched.contains(&p.pid)) {
+            self.known.insert(
+                p.pid,
+                Known {
+                    name: p.comm.clone(),
+                    parent: names.get(&p.ppid).map(|name| (p.ppid, name.to_string())),
+                },
+            );
+        }
+        Ok(())
     }
-    let names: HashMap<u32, &str> = procs.iter().map(|p| (p.pid, p.comm.as_str())).collect();
-    Ok(procs
-        .iter()
-        .filter(|p| watched.contains(&p.pid))
-        .map(|p| LiveProcess {
-            pid: p.pid,
-            name: p.comm.clone(),
-            title: match table.get(p.pid) {
-                Some(known) if known.title.is_some() => None,
-                _ => procfs::cmdline(p.pid),
-            },
-            parent: names.get(&p.ppid).map(|name| (p.ppid, name.to_string())),
-        })
-        .collect())
 }
