@@ -111,7 +111,7 @@ impl Collector {
             ready = self.events.readable() => ready.context("waiting on the ring buffer")?,
             _ = self.drain_tick.tick() => {}
         }
-        self.drain()?;
+        self.drain_ring();
         Ok(())
     }
 
@@ -119,11 +119,17 @@ impl Collector {
     /// samples the kernel folded when the ring was full; returns how many
     /// ring buffer events there were.
     pub fn drain(&mut self) -> Result<usize> {
+        let n = self.drain_ring();
+        let table = &mut self.table;
+        self.probes.drain_overflow(|e| table.apply(&e))?;
+        Ok(n)
+    }
+
+    fn drain_ring(&mut self) -> usize {
         let table = &mut self.table;
         let n = self.events.drain(|e| table.apply(&e));
         self.received.add(n as u64);
-        self.probes.drain_overflow(|e| table.apply(&e))?;
-        Ok(n)
+        n
     }
 
     /// Ends an interval: hands `sink` its frame, then starts the next one.
