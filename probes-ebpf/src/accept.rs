@@ -4,8 +4,7 @@
 use aya_ebpf::{
     Global,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{fexit, kretprobe, map, tracepoint},
     maps::Array,
@@ -13,13 +12,12 @@ use aya_ebpf::{
 };
 use probes_common::{
     DEFAULT_SLOTS,
-    accept::{AcceptEvent, AcceptStart, QUEUE_WAIT_UNKNOWN, SOCK_FROM_HOOK},
-    event::EventKind,
-    overflow::OverflowMetric,
+    accept::{AcceptStart, SOCK_FROM_HOOK},
+    hist::HistMetric,
     stats::Stat,
 };
 
-use crate::{events, offsets::offset_globals, overflow, slots, sock, watch::is_watched};
+use crate::{events, hist, offsets::offset_globals, slots, sock, watch::is_watched};
 
 #[map]
 static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -149,29 +147,12 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     } else {
         sock_of_fd(ret as u32)
     };
-    let queue_wait_ns = sk
-        .and_then(sock::take_established)
-        .map_or(QUEUE_WAIT_UNKNOWN, |at| now.saturating_sub(at));
     let tgid = (pid_tgid >> 32) as u32;
-    let latency_ns = now.saturating_sub(start_ns);
-    let Some(mut entry) = events::reserve::<AcceptEvent>(Stat::LostAccept) else {
-        overflow::fold(tgid, OverflowMetric::Accept, latency_ns);
-        if queue_wait_ns != QUEUE_WAIT_UNKNOWN {
-            overflow::fold(tgid, OverflowMetric::AcceptQueue, queue_wait_ns);
-        }
-        return 0;
-    };
-    entry.write(AcceptEvent {
-        kind: EventKind::Accept as u32,
-        tgid,
-        tid,
-        conn_fd: ret as i32,
-        start_ns,
-        latency_ns,
-        queue_wait_ns,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    });
-    events::submit(entry);
+    hist::record(tgid, HistMetric::Accept, now.saturating_sub(start_ns));
+    // Unknown for unix sockets and connections established before attach.
+    if let Some(at) = sk.and_then(sock::take_established) {
+        hist::record(tgid, HistMetric::AcceptQueue, now.saturating_sub(at));
+    }
     0
 }
 

@@ -3,15 +3,14 @@
 //! fentry/fexit on `kernel_clone`, which all four syscalls call; a
 //! kprobe/kretprobe pair on it; or the syscall tracepoints, one enter
 //! program per argument layout and one exit for all four. Every rung records
-//! the start and the clone flags in the thread's slot and emits the same
+//! the start and the clone flags in the thread's slot and records the same
 //! sample at exit. The flags also tell `sched_process_fork` (watch.rs)
 //! whether the new task is a thread.
 
 use aya_ebpf::{
     Global,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::Array,
@@ -19,13 +18,12 @@ use aya_ebpf::{
 };
 use probes_common::{
     DEFAULT_SLOTS,
-    event::EventKind,
-    fork::{FORK_FLAGS, ForkEvent, ForkStart, TaskKind},
-    overflow::OverflowMetric,
+    fork::{FORK_FLAGS, ForkStart, TaskKind},
+    hist::HistMetric,
     stats::Stat,
 };
 
-use crate::{events, offsets::offset_globals, overflow, slots, watch::is_watched};
+use crate::{events, hist, offsets::offset_globals, slots, watch::is_watched};
 
 #[map]
 static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -132,7 +130,7 @@ pub fn kernel_clone_kretprobe(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// Emits the sample of the clone the current thread started, returning `ret`.
+/// Records the sample of the clone the current thread started, which returned `ret`.
 #[inline(always)]
 fn finish(ret: i64) {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -150,24 +148,12 @@ fn finish(ret: i64) {
     slot.start_ns = 0;
     let now = unsafe { bpf_ktime_get_ns() };
     let tgid = (pid_tgid >> 32) as u32;
-    let latency_ns = now.saturating_sub(start_ns);
-    let Some(mut entry) = events::reserve::<ForkEvent>(Stat::LostFork) else {
-        let kind = TaskKind::from_flags((flags_known != 0).then_some(flags));
-        overflow::fold(tgid, OverflowMetric::of_clone(ret, kind), latency_ns);
-        return;
-    };
-    entry.write(ForkEvent {
-        kind: EventKind::Fork as u32,
+    let kind = TaskKind::from_flags((flags_known != 0).then_some(flags));
+    hist::record(
         tgid,
-        tid,
-        ret: ret as i32,
-        flags,
-        flags_known,
-        _pad: 0,
-        latency_ns,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    });
-    events::submit(entry);
+        HistMetric::of_clone(ret, kind),
+        now.saturating_sub(start_ns),
+    );
 }
 
 /// Called when a thread exits, so a clone interrupted by exit frees its slot.

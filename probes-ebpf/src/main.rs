@@ -6,9 +6,9 @@
 mod accept;
 mod events;
 mod fork;
+mod hist;
 mod hooks;
 mod offsets;
-mod overflow;
 mod slots;
 mod sock;
 mod watch;
