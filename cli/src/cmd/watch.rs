@@ -186,7 +186,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
             },
             _ = report_tick.tick() => {
                 received.add(events.drain(|e| apply(&mut table, e)) as u64);
-                probes.drain_overflow(|e| apply(&mut table, e))?;
+                probes.drain_histograms(|e| apply(&mut table, e))?;
                 let live = refresh_watch_set(&selector, &mut probes, &table)?;
                 table.sync_watched(&live);
                 observe_sockets(&mut probes, &mut table)?;
@@ -240,7 +240,7 @@ async fn watch(args: WatchArgs, hooks: Hooks) -> Result<()> {
     drop(ui);
 
     received.add(events.drain(|e| apply(&mut table, e)) as u64);
-    probes.drain_overflow(|e| apply(&mut table, e))?;
+    probes.drain_histograms(|e| apply(&mut table, e))?;
     let live = refresh_watch_set(&selector, &mut probes, &table)?;
     table.sync_watched(&live);
     observe_sockets(&mut probes, &mut table)?;
