@@ -54,14 +54,14 @@ impl Session {
     /// Moves every event waiting in the ring buffer into the table. The
     /// clients have read each server's byte, so every accept has returned
     /// and its event is already in the ring.
-    /// Events folded in the kernel because the ring was full are merged
-    /// too; the count returned is of ring buffer events only.
+    /// What the kernel's histograms gained (every accept and clone) is
+    /// merged too; the count returned is of ring buffer events only.
     pub fn collect(&mut self) -> usize {
         let table = &mut self.table;
         let n = self.events.drain(|e| table.apply(&e));
         self.probes
-            .drain_overflow(|e| table.apply(&e))
-            .expect("reading the overflow histograms");
+            .drain_histograms(|e| table.apply(&e))
+            .expect("reading the kernel's histograms");
         n
     }
 
