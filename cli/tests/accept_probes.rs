@@ -234,7 +234,7 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
 }
 
 #[test]
-fn accepts_the_full_ring_buffer_drops_are_still_counted_through_the_kernels_histograms() {
+fn more_accepts_than_the_ring_buffer_holds_are_all_counted_and_none_crosses_it() {
     let _lock = probe_lock();
     let dir = TempDir::new("ring");
     let path = dir.0.join("s.sock");
@@ -242,10 +242,9 @@ fn accepts_the_full_ring_buffer_drops_are_still_counted_through_the_kernels_hist
     let mut s = Session::start();
     s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
-    // 20% more accepts than the ring holds, with nobody draining it
-    // meanwhile. Unix sockets, so that accepts are the only events (TCP
-    // connections also report their state changes). A record is the event
-    // plus an 8-byte header, rounded up to 8.
+    // 20% more accepts than the ring could hold as records, with nobody
+    // reading meanwhile: the kernel's histograms keep them all. Unix
+    // sockets, so that accepts are the only thing the probes see.
     let record = (std::mem::size_of::<AcceptEvent>() as u64 + 8).next_multiple_of(8);
     let n = u64::from(EVENTS_RING_BYTES) / record * 6 / 5;
     server.send(&format!("accept {n} unix accept4"));
@@ -256,38 +255,24 @@ fn accepts_the_full_ring_buffer_drops_are_still_counted_through_the_kernels_hist
     assert!(client.status.success(), "{client:?}");
     server.wait_accepted(n);
 
-    let received = s.collect() as u64;
+    assert_eq!(s.collect(), 0, "no accept goes through the ring buffer");
     let drops = s.collector.probes().drops().unwrap();
-    assert!(drops.lost.accept > 0, "the ring never filled: {drops:?}");
-    assert_eq!(received + drops.lost.accept, n, "{drops:?}");
-    assert_eq!(
-        drops.lost.total(),
-        drops.lost.accept,
-        "only accepts: {drops:?}"
-    );
-    // Every lost accept was folded in the kernel and merged: the count is whole.
-    assert_eq!(drops.folded_accepts, drops.lost.accept, "{drops:?}");
-    assert_eq!(
-        (drops.overflow_full, drops.uncounted()),
-        (0, 0),
-        "{drops:?}"
-    );
+    assert_eq!(drops.total(), 0, "{drops:?}");
     assert_eq!(s.accepts(server.pid), n);
-    let accept = &s
+    let summary = s
         .collector
         .table()
         .get(server.pid)
         .unwrap()
         .activity
         .accept
-        .total;
-    let summary = accept.summary();
-    assert_eq!(summary.folded, drops.lost.accept);
+        .total
+        .summary();
     assert!(
         summary.min_ns > 0 && summary.max_ns < 10_000_000_000,
         "{summary:?}"
     );
-    // Merging again adds nothing: each folded sample is merged once.
+    // Reading again adds nothing: each sample is merged once.
     assert_eq!(s.collect(), 0);
     assert_eq!(s.accepts(server.pid), n);
     server.stop();

@@ -1,5 +1,5 @@
 //! Root only: the `stackprobe` binary under hostile conditions (its reader
-//! stalled while the ring overflows, tracefs unmounted under it, the watched
+//! stalled while the ring would overflow, tracefs unmounted under it, the watched
 //! process dying or restarting, each ending signal) and what it keeps of
 //! root's privileges while it runs.
 
@@ -87,7 +87,7 @@ fn after_attaching_only_the_needed_capabilities_are_left_and_other_users_process
 }
 
 #[test]
-fn a_stalled_reader_overflows_the_ring_yet_every_accept_is_counted() {
+fn a_stalled_reader_misses_no_accept() {
     let _lock = probe_lock();
     require_root();
     let dir = TempDir::new("stall");
@@ -97,8 +97,9 @@ fn a_stalled_reader_overflows_the_ring_yet_every_accept_is_counted() {
     let mut sp = Running::start(&["watch", "--pid", &pid.to_string(), "--json"]);
     sp.wait_stderr("probes attached");
 
-    // Stopped, stackprobe drains nothing: 20% more accepts than the ring
-    // holds overflow it (unix sockets, so accepts are the only events).
+    // Stopped, stackprobe reads nothing: 20% more accepts than the ring
+    // could hold as records are kept in the kernel's histograms (unix
+    // sockets, so accepts are all the probes see).
     sp.signal(libc::SIGSTOP);
     let record = (size_of::<AcceptEvent>() as u64 + 8).next_multiple_of(8);
     let n = u64::from(EVENTS_RING_BYTES) / record * 6 / 5;
@@ -117,16 +118,14 @@ fn a_stalled_reader_overflows_the_ring_yet_every_accept_is_counted() {
 
     let summary = json_lines(&stdout).pop().unwrap();
     let drops = &summary["drops_by_cause"];
-    let lost = drops["lost"]["accept"].as_u64().unwrap();
-    assert!(lost > 0, "the ring never filled: {drops}");
-    assert_eq!(drops["folded_accepts"], lost, "{drops}");
-    assert_eq!(summary["drops"], lost, "{drops}");
-    assert_eq!(summary["events"]["total"], n - lost);
+    assert_eq!(summary["drops"], 0, "{drops}");
+    assert_eq!(drops["lost"]["accept"], 0, "{drops}");
+    assert_eq!(summary["events"]["total"], 0, "no accept crosses the ring");
     assert_eq!(row(&summary, pid).expect("the server")["total"], n);
     let accept = &role(&summary, "stackprobe-loop")["accept"];
     assert_eq!(
         (&accept["total"], &accept["folded"]),
-        (&n.into(), &lost.into())
+        (&n.into(), &0.into())
     );
     server.stop();
 }

@@ -56,8 +56,10 @@ fn map_entries() -> Vec<(String, usize)> {
                 "LISTEN_OWNERS" => {
                     HashMap::<_, u32, u32>::try_from(Map::HashMap(data)).map(|m| m.keys().count())
                 }
-                "OVERFLOW" => PerCpuHashMap::<_, u64, u64>::try_from(Map::PerCpuHashMap(data))
-                    .map(|m| m.keys().count()),
+                "HISTS" => PerCpuHashMap::<_, u64, probes_common::hist::HistValue>::try_from(
+                    Map::PerCpuHashMap(data),
+                )
+                .map(|m| m.keys().count()),
                 _ => continue,
             };
         out.push((name, n.unwrap()));

@@ -8,10 +8,10 @@
 pub mod accept;
 pub mod event;
 pub mod fork;
+pub mod hist;
 pub mod layout;
 pub mod lifecycle;
 pub mod offsets;
-pub mod overflow;
 pub mod sock;
 pub mod stats;
 pub mod watch;

@@ -31,18 +31,17 @@ stats! {
     /// took its slot (only when `pid_max` exceeds the slot count).
     ForkSlotShared = 2,
     /// Events lost because the ring buffer was full, one counter per event
-    /// kind. Accept and fork samples are folded into the overflow
-    /// histograms instead (see `overflow`), unless `OverflowFull` counted
-    /// them too.
+    /// kind. Accept and fork samples no longer go through the ring (see
+    /// `hist`): their counters stay 0.
     LostAccept = 3,
     LostFork = 4,
     LostSpawn = 5,
     LostExec = 6,
     LostExit = 7,
     LostTcpState = 8,
-    /// A sample the ring could not take could not be folded either: the
-    /// overflow map was full.
-    OverflowFull = 9,
+    /// An accept or fork sample could not be recorded: the histogram map
+    /// (see `hist`) was full.
+    HistFull = 9,
     /// A watched process's listening port could not be recorded (the
     /// LISTEN_OWNERS map was full): connections arriving there are not
     /// attributed to it.

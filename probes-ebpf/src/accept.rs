@@ -1,22 +1,18 @@
-//! accept(2)/accept4(2) latency. One program for both syscalls' enter and one
-//! for both exits: the records share a layout (checked by userspace).
+//! accept(2)/accept4(2) latency and accept-queue wait, into the kernel's
+//! histograms. One program for both syscalls' enter and one for both exits:
+//! their tracepoint records share a layout (checked by userspace).
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task},
     macros::{fexit, kretprobe, map, tracepoint},
     maps::Array,
     programs::{FExitContext, RetProbeContext, TracePointContext},
 };
-use probes_common::{
-    accept::{AcceptEvent, QUEUE_WAIT_UNKNOWN, SOCK_FROM_HOOK},
-    event::EventKind,
-    overflow::OverflowMetric,
-    stats::Stat,
-};
+use probes_common::{accept::SOCK_FROM_HOOK, hist::HistMetric, stats::Stat};
 
 use crate::{
-    clock::now, events, handshakes, memory, offsets::offset_globals, overflow, slots,
+    clock::now, events, handshakes, hist, memory, offsets::offset_globals, slots,
     watch_set::is_watched,
 };
 
@@ -143,28 +139,11 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     } else {
         sock_of_fd(ret as u32)
     };
-    let queue_wait_ns = sk
-        .and_then(handshakes::take)
-        .map_or(QUEUE_WAIT_UNKNOWN, |at| end_ns.saturating_sub(at));
     let tgid = (pid_tgid >> 32) as u32;
-    let latency_ns = end_ns.saturating_sub(start_ns);
-    let Some(mut entry) = events::reserve::<AcceptEvent>(Stat::LostAccept) else {
-        overflow::fold(tgid, OverflowMetric::Accept, latency_ns);
-        if queue_wait_ns != QUEUE_WAIT_UNKNOWN {
-            overflow::fold(tgid, OverflowMetric::AcceptQueue, queue_wait_ns);
-        }
-        return 0;
-    };
-    entry.write(AcceptEvent {
-        kind: EventKind::Accept as u32,
-        tgid,
-        tid,
-        conn_fd: ret as i32,
-        start_ns,
-        latency_ns,
-        queue_wait_ns,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    });
-    events::submit(entry);
+    hist::record(tgid, HistMetric::Accept, end_ns.saturating_sub(start_ns));
+    // Unknown for unix sockets and connections established before attach.
+    if let Some(at) = sk.and_then(handshakes::take) {
+        hist::record(tgid, HistMetric::AcceptQueue, end_ns.saturating_sub(at));
+    }
     0
 }

@@ -3,25 +3,24 @@
 //! fentry/fexit on `kernel_clone`, which all four syscalls call; a
 //! kprobe/kretprobe pair on it; or the syscall tracepoints, one enter
 //! program per argument layout and one exit for all four. Every rung records
-//! the start and the clone flags in the thread's slot and emits the same
+//! the start and the clone flags in the thread's slot and records the same
 //! sample at exit. The flags also tell `sched_process_fork` (watch.rs)
 //! whether the new task is a thread.
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    helpers::bpf_get_current_pid_tgid,
     macros::{fentry, fexit, kprobe, kretprobe, tracepoint},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use probes_common::{
-    event::EventKind,
-    fork::{FORK_FLAGS, ForkEvent, TaskKind},
-    overflow::OverflowMetric,
+    fork::{FORK_FLAGS, TaskKind},
+    hist::HistMetric,
     stats::Stat,
 };
 
 use crate::{
-    clock::now, events, memory, offsets::offset_globals, overflow, slots, watch_set::is_watched,
+    clock::now, events, hist, memory, offsets::offset_globals, slots, watch_set::is_watched,
 };
 
 // SAFETY: no other symbol has this name; userspace sets the global by it.
@@ -120,7 +119,7 @@ pub fn kernel_clone_kretprobe(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// Emits the sample of the clone the current thread started, returning `ret`.
+/// Records the sample of the clone the current thread started, which returned `ret`.
 #[inline(always)]
 fn finish(ret: i64) {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -138,22 +137,10 @@ fn finish(ret: i64) {
     slot.start_ns = 0;
     let end_ns = now();
     let tgid = (pid_tgid >> 32) as u32;
-    let latency_ns = end_ns.saturating_sub(start_ns);
-    let Some(mut entry) = events::reserve::<ForkEvent>(Stat::LostFork) else {
-        let kind = TaskKind::from_flags((flags_known != 0).then_some(flags));
-        overflow::fold(tgid, OverflowMetric::of_clone(ret, kind), latency_ns);
-        return;
-    };
-    entry.write(ForkEvent {
-        kind: EventKind::Fork as u32,
+    let kind = TaskKind::from_flags((flags_known != 0).then_some(flags));
+    hist::record(
         tgid,
-        tid,
-        ret: ret as i32,
-        flags,
-        flags_known,
-        _pad: 0,
-        latency_ns,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    });
-    events::submit(entry);
+        HistMetric::of_clone(ret, kind),
+        end_ns.saturating_sub(start_ns),
+    );
 }

@@ -12,13 +12,14 @@ mod sock;
 mod watch;
 
 // What the probes share: state that crosses probes (slots, watch_set,
-// handshakes), the ring buffer and counters, and helpers.
+// handshakes), the latency histograms, the ring buffer and counters, and
+// helpers.
 mod clock;
 mod events;
 mod handshakes;
+mod hist;
 mod memory;
 mod offsets;
-mod overflow;
 mod slots;
 mod watch_set;
 

@@ -115,13 +115,13 @@ impl Collector {
         Ok(())
     }
 
-    /// Moves every event waiting in the ring buffer into the table, and the
-    /// samples the kernel folded when the ring was full; returns how many
-    /// ring buffer events there were.
+    /// Moves every event waiting in the ring buffer into the table, and what
+    /// the kernel's latency histograms gained; returns how many ring buffer
+    /// events there were.
     pub fn drain(&mut self) -> Result<usize> {
         let n = self.drain_ring();
         let table = &mut self.table;
-        self.probes.drain_overflow(|e| table.apply(&e))?;
+        self.probes.drain_histograms(|e| table.apply(&e))?;
         Ok(n)
     }
 

@@ -1,9 +1,10 @@
 //! What the probes report, in the model's terms: one type per kind of ring
-//! buffer record (decoded in `probes`).
+//! buffer record (decoded in `probes`), and what the kernel's histograms
+//! gained.
 
 use std::net::SocketAddr;
 
-/// What a clone created: the kernel folds samples by the same rule.
+/// What a clone created: the kernel files samples by the same rule.
 pub use probes_common::fork::TaskKind;
 
 use super::sockets::TcpState;
@@ -74,29 +75,27 @@ pub struct TcpStateSample {
     pub ts_ns: u64,
 }
 
-/// What the kernel folded samples of, when the ring buffer was full.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FoldedMetric {
-    Accept,
-    AcceptQueue,
-    Fork,
-    Thread,
-    /// Clones whose kind was not seen: a count, no latency.
-    ForkUnknown,
-    /// Failed clones: a count, no latency.
-    ForkFailed,
-}
+/// A latency metric the kernel keeps histograms of, per process.
+pub use probes_common::hist::HistMetric;
 
-/// `count` samples of `metric` for process `tgid` that the ring buffer could
-/// not take, which the kernel kept in a bucket whose midpoint is `value_ns`.
+/// What one of the kernel's histograms (see probes_common::hist) gained
+/// since it was last read: `count` samples of `metric` in process `tgid`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FoldedSamples {
+pub struct HistDelta {
     pub tgid: u32,
     /// The process's name, when it was still running to be asked.
     pub comm: Option<String>,
-    pub metric: FoldedMetric,
-    pub value_ns: u64,
+    pub metric: HistMetric,
     pub count: u64,
+    /// Exact sum of the samples.
+    pub sum_ns: u64,
+    /// The smallest and largest of these samples: exact when they are the
+    /// smallest or largest since the start, else within their bucket's
+    /// width (1/64) and never past the exact extremes since the start.
+    pub min_ns: u64,
+    pub max_ns: u64,
+    /// (bucket midpoint, samples in that bucket), lowest first.
+    pub buckets: Vec<(u64, u64)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,5 +106,5 @@ pub enum Event {
     Exec(ExecSample),
     Exit(ExitSample),
     TcpState(TcpStateSample),
-    Folded(FoldedSamples),
+    Hist(HistDelta),
 }

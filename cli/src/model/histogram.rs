@@ -19,8 +19,8 @@ pub struct LatencyHistogram {
     min: u64,
     max: u64,
     sum: u128,
-    /// Samples the kernel folded into its overflow histograms (see
-    /// probes_common::overflow): recorded as their bucket's midpoint.
+    /// Samples recorded through [`Self::record_folded`]: known only to
+    /// within their bucket's width.
     folded: u64,
 }
 
@@ -133,6 +133,23 @@ impl LatencyHistogram {
         self.max = self.max.max(ns);
         self.sum += u128::from(ns) * u128::from(count);
         self.folded += count;
+    }
+
+    /// Merges samples the kernel kept in its histograms: `buckets` as
+    /// (bucket midpoint, samples), with their exact sum and their min and
+    /// max. The count is the buckets' total; sum, min and max stay exact
+    /// (as exact as given), only percentiles take the buckets' precision.
+    pub fn record_kernel(&mut self, buckets: &[(u64, u64)], sum_ns: u64, min_ns: u64, max_ns: u64) {
+        if buckets.iter().all(|&(_, n)| n == 0) {
+            return;
+        }
+        let hist = self.hist_mut();
+        for &(ns, n) in buckets {
+            hist.saturating_record_n(ns, n);
+        }
+        self.min = self.min.min(min_ns);
+        self.max = self.max.max(max_ns);
+        self.sum += u128::from(sum_ns);
     }
 
     pub fn count(&self) -> u64 {
@@ -274,6 +291,26 @@ mod tests {
         assert_eq!((sum.count(), sum.summary().folded), (200, 198));
         h.reset();
         assert_eq!(h.summary(), Summary::default());
+    }
+
+    #[test]
+    fn kernel_buckets_keep_count_sum_min_and_max_exact() {
+        let mut h = LatencyHistogram::new();
+        h.record_kernel(&[], 0, 0, 0);
+        assert!(h.hdr().is_none(), "nothing to merge allocates nothing");
+        // 3 samples (1000, 1003, 5000) as the kernel's buckets hold them.
+        h.record_kernel(&[(1_001, 2), (5_008, 1)], 7_003, 1_000, 5_000);
+        h.record(2_000);
+        let s = h.summary();
+        assert_eq!((s.count, s.min_ns, s.max_ns), (4, 1_000, 5_000));
+        assert_eq!(h.sum_ns(), 9_003);
+        assert_eq!(s.mean_ns, 9_003 / 4);
+        assert_eq!(s.folded, 0);
+        // Percentiles never leave the exact extremes, though 5008 was recorded.
+        assert_eq!(s.p999_ns, 5_000);
+        let mut sum = LatencyHistogram::new();
+        sum.add(&h);
+        assert_eq!((sum.count(), sum.summary().max_ns), (4, 5_000));
     }
 
     #[test]

@@ -58,12 +58,14 @@ pub struct Drops {
     /// running on that CPU (a tracepoint hit in a softirq that interrupted
     /// one): its `recursion_misses`, by the kind of event the probe makes.
     pub skipped: LostEvents,
-    /// Of the lost accepts and forks, samples the kernel folded into its
-    /// overflow histograms and userspace merged: still counted, their
-    /// latency known to 1/16.
+    /// Of the lost accepts and forks, samples folded in the kernel. Accepts
+    /// and forks no longer go through the ring buffer (they are recorded in
+    /// the kernel's histograms, see probes_common::hist): always 0, kept
+    /// for the readers of the JSON field.
     pub folded_accepts: u64,
     pub folded_forks: u64,
-    /// Accept or fork samples neither sent nor folded (overflow map full).
+    /// Accept or fork samples the kernel could not record: its histogram
+    /// map was full.
     pub overflow_full: u64,
     /// Accepts not timed because another watched thread's accept shared their slot.
     pub accept_slot_shared: u64,
@@ -90,6 +92,7 @@ impl Drops {
             + self.accept_slot_shared
             + self.watch_out_of_range
             + self.fork_slot_shared
+            + self.overflow_full
             + self.listen_owners_full
             + self.tracked_insert_failed
             + self.handshake_insert_failed

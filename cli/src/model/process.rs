@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use super::{
     counter::Counter,
     event::{
-        AcceptSample, Event, ExecSample, ExitSample, FoldedMetric, FoldedSamples, ForkSample,
+        AcceptSample, Event, ExecSample, ExitSample, ForkSample, HistDelta, HistMetric,
         SpawnSample, TaskKind,
     },
     histogram::LatencyHistogram,
@@ -50,9 +50,10 @@ impl Metric {
         self.total.record(ns);
     }
 
-    fn record_folded(&mut self, ns: u64, count: u64) {
-        self.interval.record_folded(ns, count);
-        self.total.record_folded(ns, count);
+    fn record_kernel(&mut self, d: &HistDelta) {
+        for h in [&mut self.interval, &mut self.total] {
+            h.record_kernel(&d.buckets, d.sum_ns, d.min_ns, d.max_ns);
+        }
     }
 
     /// Samples since the start.
@@ -225,6 +226,10 @@ pub struct ProcessTable {
     procs: BTreeMap<u32, Process>,
     /// Exited processes' numbers, by role.
     retired: BTreeMap<String, Activity>,
+    /// The roles of processes that exited in this interval and the one
+    /// before: what the kernel's histograms gained for them is read after
+    /// their exit was applied, and goes to their role.
+    exited_roles: [BTreeMap<u32, String>; 2],
 }
 
 impl ProcessTable {
@@ -235,7 +240,7 @@ impl ProcessTable {
             Event::Spawn(s) => self.record_spawn(s),
             Event::Exec(s) => self.record_exec(s),
             Event::Exit(s) => self.record_exit(s),
-            Event::Folded(s) => self.record_folded(s),
+            Event::Hist(d) => self.record_hist(d),
             Event::TcpState(s) => {
                 if let Some(comm) = &s.comm {
                     self.entry(s.owner, comm);
@@ -279,17 +284,29 @@ impl ProcessTable {
         }
     }
 
-    fn record_folded(&mut self, s: &FoldedSamples) {
-        let name = s.comm.clone().unwrap_or_else(|| format!("[{}]", s.tgid));
-        let a = &mut self.entry(s.tgid, &name).activity;
-        let (ns, n) = (s.value_ns, s.count);
-        match s.metric {
-            FoldedMetric::Accept => a.accept.record_folded(ns, n),
-            FoldedMetric::AcceptQueue => a.accept_queue.record_folded(ns, n),
-            FoldedMetric::Fork => a.fork.record_folded(ns, n),
-            FoldedMetric::Thread => a.thread.record_folded(ns, n),
-            FoldedMetric::ForkUnknown => a.fork_unknown.add(n),
-            FoldedMetric::ForkFailed => a.fork_failed.add(n),
+    fn record_hist(&mut self, d: &HistDelta) {
+        let exited_role = (!self.procs.contains_key(&d.tgid))
+            .then(|| {
+                self.exited_roles
+                    .iter()
+                    .find_map(|r| r.get(&d.tgid))
+                    .cloned()
+            })
+            .flatten();
+        let a = match exited_role {
+            Some(role) => self.retired_role(role),
+            None => {
+                let name = d.comm.clone().unwrap_or_else(|| format!("[{}]", d.tgid));
+                &mut self.entry(d.tgid, &name).activity
+            }
+        };
+        match d.metric {
+            HistMetric::Accept => a.accept.record_kernel(d),
+            HistMetric::AcceptQueue => a.accept_queue.record_kernel(d),
+            HistMetric::Fork => a.fork.record_kernel(d),
+            HistMetric::Thread => a.thread.record_kernel(d),
+            HistMetric::ForkUnknown => a.fork_unknown.add(d.count),
+            HistMetric::ForkFailed => a.fork_failed.add(d.count),
         }
     }
 
@@ -349,6 +366,7 @@ impl ProcessTable {
     fn retire(&mut self, pid: u32) {
         if let Some(proc) = self.procs.remove(&pid) {
             let role = proc.role();
+            self.exited_roles[0].insert(pid, role.clone());
             let retired = self.retired_role(role);
             retired.add(&proc.activity, Span::Whole);
             retired.exited.bump();
@@ -466,6 +484,7 @@ impl ProcessTable {
         for activity in self.retired.values_mut() {
             activity.reset_interval();
         }
+        self.exited_roles[1] = std::mem::take(&mut self.exited_roles[0]);
         self.links.reset_interval();
     }
 
@@ -535,46 +554,66 @@ mod tests {
         assert_eq!(t.get(10).unwrap().name, "srv10");
     }
 
+    fn hist(tgid: u32, metric: HistMetric, count: u64) -> Event {
+        Event::Hist(HistDelta {
+            tgid,
+            comm: None,
+            metric,
+            count,
+            sum_ns: 2_000 * count,
+            min_ns: 2_000,
+            max_ns: 2_000,
+            buckets: vec![(2_000, count)],
+        })
+    }
+
     #[test]
-    fn folded_samples_add_to_the_metric_their_kernel_bucket_names() {
+    fn kernel_histograms_add_to_the_metric_they_name() {
         let mut t = ProcessTable::default();
         t.apply(&accept(10, 100));
-        let folded = |metric, count| {
-            Event::Folded(FoldedSamples {
-                tgid: 10,
-                comm: None,
-                metric,
-                value_ns: 2_000,
-                count,
-            })
-        };
         for (metric, count) in [
-            (FoldedMetric::Accept, 5),
-            (FoldedMetric::AcceptQueue, 4),
-            (FoldedMetric::Fork, 3),
-            (FoldedMetric::Thread, 2),
-            (FoldedMetric::ForkUnknown, 6),
-            (FoldedMetric::ForkFailed, 7),
+            (HistMetric::Accept, 5),
+            (HistMetric::AcceptQueue, 4),
+            (HistMetric::Fork, 3),
+            (HistMetric::Thread, 2),
+            (HistMetric::ForkUnknown, 6),
+            (HistMetric::ForkFailed, 7),
         ] {
-            t.apply(&folded(metric, count));
+            t.apply(&hist(10, metric, count));
         }
-        // A process first heard of through folded samples gets a placeholder name.
-        t.apply(&Event::Folded(FoldedSamples {
-            tgid: 12,
-            ..match folded(FoldedMetric::Accept, 1) {
-                Event::Folded(f) => f,
-                _ => unreachable!(),
-            }
-        }));
+        // A process first heard of through a histogram gets a placeholder name.
+        t.apply(&hist(12, HistMetric::Accept, 1));
         let a = &t.get(10).unwrap().activity;
         assert_eq!(a.accept.total.count(), 6);
-        assert_eq!(a.accept.interval.summary().folded, 5);
+        assert_eq!(a.accept.total.summary().min_ns, 100);
+        assert_eq!(a.accept.total.sum_ns(), 100 + 5 * 2_000);
         assert_eq!(a.accept_queue.total.count(), 4);
         assert_eq!(a.fork.total.count(), 3);
         assert_eq!(a.thread.total.count(), 2);
         assert_eq!((a.fork_unknown.total, a.fork_failed.total), (6, 7));
         assert_eq!(t.get(10).unwrap().name, "srv10");
         assert_eq!(t.get(12).unwrap().name, "[12]");
+    }
+
+    #[test]
+    fn what_a_process_did_before_its_exit_is_read_after_it_and_goes_to_its_role() {
+        let mut t = ProcessTable::default();
+        t.apply(&accept(10, 100));
+        t.apply(&Event::Exit(ExitSample { tgid: 10, ts_ns: 5 }));
+        t.apply(&hist(10, HistMetric::Accept, 3));
+        assert!(
+            t.get(10).is_none(),
+            "no entry comes back for an exited process"
+        );
+        let roles = t.roles(Span::Whole);
+        let (_, a) = &roles["srv10"];
+        assert_eq!(a.accept.total.count(), 4);
+        assert_eq!(a.exited.total, 1);
+        // Two intervals on, the pid is taken to be a new process's.
+        t.reset_interval();
+        t.reset_interval();
+        t.apply(&hist(10, HistMetric::Accept, 1));
+        assert_eq!(t.get(10).unwrap().activity.accept.total.count(), 1);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use probes_common::{
 };
 
 use super::{
-    accept, btf::KernelBtf, fork, overflow::Overflow, preflight, rungs::ForkRung, rungs::QueueRung,
+    accept, btf::KernelBtf, fork, hist::KernelHists, preflight, rungs::ForkRung, rungs::QueueRung,
     self_check, sock, tracefs::Tracefs, watch, watch::WatchSet,
 };
 use crate::{
@@ -47,7 +47,7 @@ pub struct Probes {
     // Unmapped before the maps close.
     watch_set: WatchSet,
     ebpf: Ebpf,
-    overflow: Overflow,
+    hists: KernelHists,
     fork_rung: ForkRung,
     queue_rung: QueueRung,
     _stats: Option<OwnedFd>,
@@ -103,7 +103,7 @@ impl Probes {
         Ok(Self {
             watch_set,
             ebpf,
-            overflow: Overflow::default(),
+            hists: KernelHists::default(),
             fork_rung,
             queue_rung,
             _stats: stats,
@@ -173,10 +173,10 @@ impl Probes {
         Ok(RingBuf::try_from(map)?)
     }
 
-    /// Hands `f` the samples the kernel folded because the ring buffer was
-    /// full, since the last call (see probes_common::overflow).
-    pub fn drain_overflow(&mut self, f: impl FnMut(Event)) -> Result<()> {
-        self.overflow.drain(&mut self.ebpf, f)
+    /// Hands `f` what the kernel's latency histograms gained since the last
+    /// call (see probes_common::hist): every accept and clone sample.
+    pub fn drain_histograms(&mut self, f: impl FnMut(Event)) -> Result<()> {
+        self.hists.drain(&mut self.ebpf, f)
     }
 
     pub fn drops(&self) -> Result<Drops> {
@@ -196,9 +196,11 @@ impl Probes {
                 tcp_state: read(Stat::LostTcpState)?,
             },
             skipped: self.skipped_runs()?,
-            folded_accepts: self.overflow.folded_accepts,
-            folded_forks: self.overflow.folded_forks,
-            overflow_full: read(Stat::OverflowFull)?,
+            // Accepts and forks no longer go through the ring: nothing of
+            // theirs is lost there to be folded.
+            folded_accepts: 0,
+            folded_forks: 0,
+            overflow_full: read(Stat::HistFull)?,
             accept_slot_shared: read(Stat::AcceptSlotShared)?,
             watch_out_of_range: read(Stat::WatchOutOfRange)?,
             fork_slot_shared: read(Stat::ForkSlotShared)?,

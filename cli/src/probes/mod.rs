@@ -10,9 +10,8 @@ pub mod btf;
 pub mod decode;
 pub mod events;
 pub mod fork;
-
+pub mod hist;
 pub mod loader;
-pub mod overflow;
 pub mod preflight;
 pub mod privileges;
 pub mod rungs;

@@ -6,7 +6,8 @@
 //! inode and backlog limit (struct sock_common, sock, socket, file, inode),
 //! and the accept probe's walk from the accepted fd to its socket
 //! (task_struct, files_struct, fdtable, file, socket) must find the
-//! handshake the state probe recorded. A wrong offset fails the load with a
+//! handshake the state probe recorded: the accept's queue wait is then in
+//! the kernel's histogram. A wrong offset fails the load with a
 //! message that says so, instead of showing wrong numbers.
 
 use std::{
@@ -20,10 +21,10 @@ use aya::{
     Ebpf,
     maps::{HashMap, RingBuf},
 };
-use probes_common::{event::EVENTS_MAP, sock::LISTEN_OWNERS_MAP};
+use probes_common::{event::EVENTS_MAP, hist::HistMetric, sock::LISTEN_OWNERS_MAP};
 
-use super::{decode, sock, watch::WatchSet};
-use crate::model::{event::Event, sockets::TcpState};
+use super::{hist, sock, watch::WatchSet};
+use crate::model::sockets::TcpState;
 
 /// Runs the check; the probes must be attached, and nothing else watched yet.
 pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
@@ -41,35 +42,28 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
             .ok_or_else(|| anyhow!("the probes lack {LISTEN_OWNERS_MAP}"))?,
     )?;
     let _ = owners.remove(&u32::from(addr.port()));
-    // What the probes sent of stackprobe's own sockets is not the user's.
+    // What the probes kept and sent of stackprobe's own sockets is not the
+    // user's.
+    let queue_waits = hist::take(ebpf, me, HistMetric::AcceptQueue)?;
     let mut ring = RingBuf::try_from(
         ebpf.map_mut(EVENTS_MAP)
             .ok_or_else(|| anyhow!("the probes lack {EVENTS_MAP}"))?,
     )?;
-    let mut accepted_fds = Vec::new();
-    while let Some(item) = ring.next() {
-        if let Some(Event::Accept(a)) = decode::decode(&item)
-            && a.tgid == me
-            && a.queue_wait_ns.is_some()
-        {
-            accepted_fds.push(a.conn_fd);
-        }
-    }
-    let accepted_fd = checked?;
-    if !accepted_fds.contains(&accepted_fd) {
+    while ring.next().is_some() {}
+    checked?;
+    if queue_waits != 1 {
         bail!(
             "self-check failed: the accept probe did not find stackprobe's own test connection \
-             (fd {accepted_fd}) through task_struct → files → fdtable → file → socket → sock: the \
-             offsets the kernel's BTF gives do not match this kernel"
+             through task_struct → files → fdtable → file → socket → sock: the offsets the \
+             kernel's BTF gives do not match this kernel"
         );
     }
     Ok(())
 }
 
 /// Connects to `listener`, accepts, checks the iterator's view, closes all
-/// three sockets (with RST: no TIME_WAIT of stackprobe's own is left) and
-/// returns the accepted connection's fd number.
-fn connect_and_check(ebpf: &mut Ebpf, listener: TcpListener, addr: SocketAddr) -> Result<RawFd> {
+/// three sockets (with RST: no TIME_WAIT of stackprobe's own is left).
+fn connect_and_check(ebpf: &mut Ebpf, listener: TcpListener, addr: SocketAddr) -> Result<()> {
     let client = TcpStream::connect(addr).context("self-check: connecting")?;
     let (server, _) = listener.accept().context("self-check: accepting")?;
     let client_addr = client.local_addr()?;
@@ -104,11 +98,10 @@ fn connect_and_check(ebpf: &mut Ebpf, listener: TcpListener, addr: SocketAddr) -
             )));
         }
     }
-    let fd = server.as_raw_fd();
     for s in [client.as_raw_fd(), server.as_raw_fd(), listener.as_raw_fd()] {
         reset_on_close(s)?;
     }
-    Ok(fd)
+    Ok(())
 }
 
 fn inode(fd: RawFd) -> Result<u64> {

@@ -262,7 +262,7 @@ fn drops_line(d: &Drops) -> String {
         ));
     }
     for (label, n) in [
-        ("overflow histograms full", d.overflow_full),
+        ("histogram map full", d.overflow_full),
         ("accept slot shared", d.accept_slot_shared),
         ("pid beyond watch set", d.watch_out_of_range),
         ("fork slot shared", d.fork_slot_shared),

@@ -51,8 +51,8 @@ impl Session {
     /// Moves every event waiting in the ring buffer into the table. The
     /// clients have read each server's byte, so every accept has returned
     /// and its event is already in the ring.
-    /// Events folded in the kernel because the ring was full are merged
-    /// too; the count returned is of ring buffer events only.
+    /// What the kernel's histograms gained (every accept and clone) is
+    /// merged too; the count returned is of ring buffer events only.
     pub fn collect(&mut self) -> usize {
         self.collector.drain().expect("draining the probes' events")
     }

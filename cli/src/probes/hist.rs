@@ -1,0 +1,282 @@
+//! Userspace side of the kernel's latency histograms (kernel side:
+//! probes-ebpf/src/hist.rs): each read turns what every (process, metric)
+//! histogram gained since the last read into a model event.
+
+use std::collections::HashMap;
+
+use anyhow::{Context as _, Result};
+use aya::{
+    Ebpf,
+    maps::{MapData, PerCpuHashMap},
+};
+use probes_common::hist::{
+    BUCKETS, HISTS_MAP, HistKey, HistMetric, HistValue, bucket_bounds, bucket_value,
+};
+
+use crate::{
+    model::event::{Event, HistDelta},
+    procfs,
+};
+
+/// One histogram summed over the CPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Totals {
+    pub count: u64,
+    pub sum: u64,
+    /// Meaningless while `count` is 0.
+    pub min: u64,
+    pub max: u64,
+    /// Sums modulo 2^32, like the per-CPU counts they add up.
+    pub buckets: Box<[u32; BUCKETS]>,
+}
+
+impl Totals {
+    pub fn zero() -> Self {
+        Self {
+            count: 0,
+            sum: 0,
+            min: 0,
+            max: 0,
+            buckets: Box::new([0; BUCKETS]),
+        }
+    }
+
+    pub fn of_cpus<'a>(values: impl IntoIterator<Item = &'a HistValue>) -> Self {
+        let mut t = Self::zero();
+        for v in values {
+            if v.count == 0 {
+                continue;
+            }
+            t.min = if t.count == 0 {
+                v.min
+            } else {
+                t.min.min(v.min)
+            };
+            t.max = t.max.max(v.max);
+            t.count += v.count;
+            t.sum = t.sum.wrapping_add(v.sum);
+            for (sum, &n) in t.buckets.iter_mut().zip(&v.buckets) {
+                *sum = sum.wrapping_add(n);
+            }
+        }
+        t
+    }
+}
+
+/// What a histogram gained between two reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gain {
+    pub count: u64,
+    pub sum: u64,
+    pub min: u64,
+    pub max: u64,
+    /// (bucket midpoint, samples gained), lowest first.
+    pub buckets: Vec<(u64, u64)>,
+}
+
+/// What `now` gained over `before` (an earlier read of the same histogram),
+/// or None if nothing. Bucket counts are
+/// differences modulo 2^32, and the count is theirs: a read that catches
+/// the kernel between its count and its bucket gets the sample at the next
+/// read, whole. The extremes of the new samples are exact when they moved
+/// the extremes since the start, else taken from the lowest and highest
+/// bucket that gained, within the exact extremes.
+pub fn delta(before: &Totals, now: &Totals) -> Option<Gain> {
+    let buckets: Vec<(usize, u64)> = before
+        .buckets
+        .iter()
+        .zip(now.buckets.iter())
+        .enumerate()
+        .filter_map(|(i, (&b, &n))| {
+            let gained = u64::from(n.wrapping_sub(b));
+            (gained > 0).then_some((i, gained))
+        })
+        .collect();
+    let (&(lowest, _), &(highest, _)) = (buckets.first()?, buckets.last()?);
+    let min = if before.count == 0 || now.min < before.min {
+        now.min
+    } else {
+        bucket_bounds(lowest).0.max(now.min)
+    };
+    let max = if before.count == 0 || now.max > before.max {
+        now.max
+    } else {
+        bucket_bounds(highest).1.min(now.max)
+    };
+    let count = buckets.iter().map(|&(_, n)| n).sum();
+    let sum = now.sum.wrapping_sub(before.sum);
+    let buckets = buckets
+        .into_iter()
+        .map(|(i, n)| (bucket_value(i).clamp(now.min, now.max), n))
+        .collect();
+    Some(Gain {
+        count,
+        sum,
+        min,
+        max,
+        buckets,
+    })
+}
+
+/// What has been read so far, per histogram.
+#[derive(Debug, Default)]
+pub struct KernelHists {
+    seen: HashMap<HistKey, Totals>,
+}
+
+impl KernelHists {
+    /// Hands `f` what every histogram gained since the last call. Entries
+    /// of processes that have exited are read one last time and removed
+    /// (they can gain nothing more), which keeps the map small.
+    pub fn drain(&mut self, ebpf: &mut Ebpf, mut f: impl FnMut(Event)) -> Result<()> {
+        let map = ebpf
+            .map_mut(HISTS_MAP)
+            .context("the probes lack the HISTS map")?;
+        let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> =
+            PerCpuHashMap::try_from(map)?;
+        let keys: Vec<HistKey> = hists.keys().filter_map(Result::ok).collect();
+        let mut exited: HashMap<u32, bool> = HashMap::new();
+        for key in keys {
+            // Asked before the read: once exited, the read below is final.
+            let gone = *exited
+                .entry(key.tgid)
+                .or_insert_with(|| procfs::has_exited(key.tgid));
+            let Ok(values) = hists.get(&key, 0) else {
+                continue;
+            };
+            let now = Totals::of_cpus(values.iter());
+            let change = {
+                let before = self.seen.entry(key).or_insert_with(Totals::zero);
+                let change = delta(before, &now);
+                *before = now;
+                change
+            };
+            if gone {
+                // Removing is safe: a process that has exited adds nothing.
+                let _ = hists.remove(&key);
+                self.seen.remove(&key);
+            }
+            let (Some(metric), Some(gain)) = (HistMetric::from_u32(key.metric), change) else {
+                continue;
+            };
+            f(Event::Hist(HistDelta {
+                tgid: key.tgid,
+                comm: (!gone)
+                    .then(|| procfs::read(key.tgid).map(|p| p.comm))
+                    .flatten(),
+                metric,
+                count: gain.count,
+                sum_ns: gain.sum,
+                min_ns: gain.min,
+                max_ns: gain.max,
+                buckets: gain.buckets,
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// How many samples of `metric` process `tgid`'s histogram holds, after
+/// which its histograms are removed (for stackprobe's own self-check).
+pub fn take(ebpf: &mut Ebpf, tgid: u32, metric: HistMetric) -> Result<u64> {
+    let map = ebpf
+        .map_mut(HISTS_MAP)
+        .context("the probes lack the HISTS map")?;
+    let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> = PerCpuHashMap::try_from(map)?;
+    let key = |metric: HistMetric| HistKey {
+        tgid,
+        metric: metric as u32,
+    };
+    let count = hists
+        .get(&key(metric), 0)
+        .map_or(0, |values| Totals::of_cpus(values.iter()).count);
+    for m in HistMetric::ALL {
+        let _ = hists.remove(&key(m));
+    }
+    Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use probes_common::hist::bucket_of;
+
+    use super::*;
+
+    fn cpu(samples: &[u64]) -> HistValue {
+        let mut v = HistValue::ZERO;
+        for &ns in samples {
+            if v.count == 0 || ns < v.min {
+                v.min = ns;
+            }
+            v.max = v.max.max(ns);
+            v.count += 1;
+            v.sum += ns;
+            v.buckets[bucket_of(ns)] += 1;
+        }
+        v
+    }
+
+    #[test]
+    fn cpus_add_up_and_idle_ones_do_not_spoil_the_minimum() {
+        let t = Totals::of_cpus(&[cpu(&[]), cpu(&[500, 9_000]), cpu(&[700])]);
+        assert_eq!((t.count, t.sum, t.min, t.max), (3, 10_200, 500, 9_000));
+        assert_eq!(t.buckets.iter().map(|&n| u64::from(n)).sum::<u64>(), 3);
+    }
+
+    #[test]
+    fn the_first_read_gives_everything_with_exact_extremes() {
+        let now = Totals::of_cpus(&[cpu(&[10, 1_000_000, 2_000_000])]);
+        let Gain {
+            count,
+            sum,
+            min,
+            max,
+            buckets,
+        } = delta(&Totals::zero(), &now).unwrap();
+        assert_eq!((count, sum, min, max), (3, 3_000_010, 10, 2_000_000));
+        assert_eq!(buckets.len(), 3);
+        assert_eq!(buckets[0], (10, 1), "small values are exact");
+        // Each within 1/128 of its sample.
+        for ((ns, n), want) in buckets[1..].iter().zip([1_000_000u64, 2_000_000]) {
+            assert_eq!(*n, 1);
+            assert!(ns.abs_diff(want) * 128 <= want, "{ns} for {want}");
+        }
+    }
+
+    #[test]
+    fn later_reads_give_only_what_was_gained() {
+        let before = Totals::of_cpus(&[cpu(&[100, 5_000])]);
+        let now = Totals::of_cpus(&[cpu(&[100, 5_000, 3_000, 3_001])]);
+        let Gain {
+            count,
+            sum,
+            min,
+            max,
+            buckets,
+        } = delta(&before, &now).unwrap();
+        assert_eq!((count, sum), (2, 6_001));
+        // Neither extreme moved: both come from the one bucket that gained,
+        // within its width of the truth.
+        assert_eq!(buckets, vec![(bucket_value(bucket_of(3_000)), 2)]);
+        assert!(min.abs_diff(3_000) * 64 <= 3_000 && max.abs_diff(3_001) * 64 <= 3_001);
+        assert_eq!(delta(&now, &now), None, "nothing gained, nothing told");
+        // A new extreme is exact.
+        let later = Totals::of_cpus(&[cpu(&[100, 5_000, 3_000, 3_001, 7, 90_000])]);
+        let gain = delta(&now, &later).unwrap();
+        assert_eq!((gain.min, gain.max), (7, 90_000));
+    }
+
+    #[test]
+    fn bucket_counts_that_wrapped_still_give_the_right_difference() {
+        let mut before = Totals::zero();
+        before.count = 10;
+        before.min = 64;
+        before.max = 64;
+        before.buckets[64] = u32::MAX - 1;
+        let mut now = before.clone();
+        now.count = 13;
+        now.buckets[64] = 1;
+        let gain = delta(&before, &now).unwrap();
+        assert_eq!((gain.count, gain.buckets), (3, vec![(64, 3)]));
+    }
+}

@@ -1,0 +1,76 @@
+//! Latency histograms per process and metric (see probes_common::hist):
+//! every accept and clone sample is recorded here, in place, so no sample
+//! crosses to userspace one by one and none can be lost to a full ring.
+
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    macros::map,
+    maps::{PerCpuArray, PerCpuHashMap},
+};
+use probes_common::{
+    hist::{BUCKETS, HIST_ENTRIES, HistKey, HistMetric, HistValue, bucket_of},
+    stats::Stat,
+};
+
+use crate::events;
+
+#[map]
+static HISTS: PerCpuHashMap<HistKey, HistValue> =
+    PerCpuHashMap::with_max_entries(HIST_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Never written: the zeroed value a new key starts from.
+#[map]
+static HIST_ZERO: PerCpuArray<HistValue> = PerCpuArray::with_max_entries(1, 0);
+
+/// Adds one sample of `ns` to `tgid`'s `metric`.
+///
+/// The hot path is a lookup and plain stores into this CPU's value: a hash
+/// lookup takes no lock (only inserts and deletes take the bucket lock, and
+/// an insert happens once per key). Plain stores suffice because the value
+/// is this CPU's alone and a program cannot run twice at once on one CPU
+/// (classic tracepoints and kprobes share a per-CPU guard, tp_btf/fentry
+/// programs have one each); a reader on another CPU may see a sample half
+/// recorded, which the next read completes.
+#[inline(always)]
+pub fn record(tgid: u32, metric: HistMetric, ns: u64) {
+    let key = HistKey {
+        tgid,
+        metric: metric as u32,
+    };
+    let value = match HISTS.get_ptr_mut(key) {
+        Some(value) => value,
+        None => {
+            let Some(zero) = HIST_ZERO.get(0) else {
+                return;
+            };
+            // Another CPU may create the key meanwhile: either way it
+            // exists after this, unless the map is full.
+            let _ = HISTS.insert(key, zero, u64::from(BPF_NOEXIST));
+            match HISTS.get_ptr_mut(key) {
+                Some(value) => value,
+                None => {
+                    events::count(Stat::HistFull);
+                    return;
+                }
+            }
+        }
+    };
+    // SAFETY: the pointer is to this CPU's value of a live map entry, which
+    // nothing else writes while this program runs on this CPU (see above);
+    // the entry may be deleted by userspace, but its memory stays valid
+    // until this program ends (RCU).
+    let value = unsafe { &mut *value };
+    if value.count == 0 || ns < value.min {
+        value.min = ns;
+    }
+    if ns > value.max {
+        value.max = ns;
+    }
+    value.count += 1;
+    value.sum = value.sum.wrapping_add(ns);
+    // bucket_of is below BUCKETS by construction; the mask-free check keeps
+    // the verifier sure of it too.
+    if let Some(bucket) = value.buckets.get_mut(bucket_of(ns).min(BUCKETS - 1)) {
+        *bucket = bucket.wrapping_add(1);
+    }
+}
