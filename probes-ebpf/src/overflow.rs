@@ -3,6 +3,7 @@
 //! bucket, so the count survives an overload.
 
 use aya_ebpf::{bindings::BPF_NOEXIST, macros::map, maps::PerCpuHashMap};
+use aya_log_ebpf::debug;
 use probes_common::{
     overflow::{OVERFLOW_ENTRIES, OverflowKey, OverflowMetric, bucket_of},
     stats::Stat,
@@ -37,6 +38,12 @@ pub fn fold(tgid: u32, metric: OverflowMetric, ns: u64) {
     match OVERFLOW.get_ptr_mut(key) {
         // SAFETY: as above.
         Some(n) => unsafe { *n += 1 },
-        None => events::count(Stat::OverflowFull),
+        None => {
+            events::count(Stat::OverflowFull);
+            debug!(
+                &(),
+                "OVERFLOW map full: a sample of {} could not be folded", tgid
+            );
+        }
     }
 }

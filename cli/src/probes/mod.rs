@@ -10,7 +10,7 @@ pub mod btf;
 pub mod decode;
 pub mod events;
 pub mod fork;
-
+pub mod kernel_log;
 pub mod loader;
 pub mod overflow;
 pub mod preflight;
