@@ -191,6 +191,13 @@ pub struct WatchArgs {
     /// the fd walk); fails if it cannot attach.
     #[arg(long, value_enum, value_name = "HOOK")]
     pub queue_hook: Option<crate::probes::rungs::QueueRung>,
+
+    /// Print what the kernel probes log about what only the kernel sees
+    /// (slot collisions, full maps, the listeners connections are
+    /// attributed to) to stderr, at debug level; RUST_LOG filters it (e.g.
+    /// RUST_LOG=probes::sock=debug). Best with --no-tui or --json.
+    #[arg(long)]
+    pub log_probes: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -9,6 +9,7 @@ use aya_ebpf::{
     maps::Array,
     programs::{FExitContext, RetProbeContext, TracePointContext},
 };
+use aya_log_ebpf::debug;
 use probes_common::{accept::SOCK_FROM_HOOK, hist::HistMetric, stats::Stat};
 
 use crate::{
@@ -51,7 +52,7 @@ fn sock_of_fd(fd: u32) -> Option<u64> {
 }
 
 #[tracepoint]
-pub fn accept_enter(_ctx: TracePointContext) -> u32 {
+pub fn accept_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     if !is_watched((pid_tgid >> 32) as u32) {
         return 0;
@@ -64,6 +65,10 @@ pub fn accept_enter(_ctx: TracePointContext) -> u32 {
         // Another watched thread's accept is in flight in this slot and is
         // about to lose its start time.
         events::count(Stat::AcceptSlotShared);
+        debug!(
+            &ctx,
+            "accept slot of thread {} taken by thread {}: that accept is not timed", slot.tid, tid
+        );
     }
     slot.tid = tid;
     slot.sk = 0;
@@ -134,12 +139,23 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     // With the hook on inet_csk_accept, the socket is known (0 for a unix
     // accept, which never passes there); else it is found through the fd.
     let from_hook = ACCEPT_CONFIG.get(0).is_some_and(|c| *c == SOCK_FROM_HOOK);
+    let tgid = (pid_tgid >> 32) as u32;
     let sk = if from_hook {
         (hooked_sk != 0).then_some(hooked_sk)
     } else {
-        sock_of_fd(ret as u32)
+        let sk = sock_of_fd(ret as u32);
+        if sk.is_none() {
+            // Every accepted fd is a socket: a failed walk means a struct
+            // offset from BTF is wrong (the load's self-check says so).
+            debug!(
+                &ctx,
+                "accept of fd {} by {}: the walk task → files → fdtable → file → socket → sock failed",
+                ret,
+                tgid
+            );
+        }
+        sk
     };
-    let tgid = (pid_tgid >> 32) as u32;
     hist::record(tgid, HistMetric::Accept, end_ns.saturating_sub(start_ns));
     // Unknown for unix sockets and connections established before attach.
     if let Some(at) = sk.and_then(handshakes::take) {

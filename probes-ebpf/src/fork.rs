@@ -13,6 +13,7 @@ use aya_ebpf::{
     macros::{fentry, fexit, kprobe, kretprobe, tracepoint},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
+use aya_log_ebpf::debug;
 use probes_common::{
     fork::{FORK_FLAGS, TaskKind},
     hist::HistMetric,
@@ -49,6 +50,11 @@ fn start(read_flags: impl FnOnce() -> Option<u64>) {
     };
     if slot.start_ns != 0 && slot.tid != tid {
         events::count(Stat::ForkSlotShared);
+        // Called from several program types: the log needs no context.
+        debug!(
+            &(),
+            "clone slot of thread {} taken by thread {}: that clone is not timed", slot.tid, tid
+        );
     }
     slot.tid = tid;
     slot.flags = flags.unwrap_or(0);

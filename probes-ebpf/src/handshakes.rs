@@ -3,6 +3,7 @@
 //! compute the accept-queue wait.
 
 use aya_ebpf::{macros::map, maps::LruHashMap};
+use aya_log_ebpf::debug;
 use probes_common::{sock::TRACKED_MAX_ENTRIES, stats::Stat};
 
 use crate::events;
@@ -13,10 +14,16 @@ static ESTABLISHED_AT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(TRACK
 /// Notes that `sk` entered its listener's accept queue at `ts_ns`.
 #[inline(always)]
 pub fn note(sk: u64, ts_ns: u64) {
-    if ESTABLISHED_AT.insert(sk, ts_ns, 0).is_err() {
+    if let Err(error) = ESTABLISHED_AT.insert(sk, ts_ns, 0) {
         // An LRU map evicts to make room: this fails only when the kernel
         // found no free node (contention across CPUs).
         events::count(Stat::HandshakeInsertFailed);
+        debug!(
+            &(),
+            "ESTABLISHED_AT: socket {:x} not recorded (error {}): its accept-queue wait is lost",
+            sk,
+            error
+        );
     }
 }
 

@@ -7,6 +7,7 @@ use aya_ebpf::{
     macros::map,
     maps::{PerCpuArray, PerCpuHashMap},
 };
+use aya_log_ebpf::debug;
 use probes_common::{
     hist::{BUCKETS, HIST_ENTRIES, HistKey, HistMetric, HistValue, bucket_of},
     stats::Stat,
@@ -50,6 +51,10 @@ pub fn record(tgid: u32, metric: HistMetric, ns: u64) {
                 Some(value) => value,
                 None => {
                     events::count(Stat::HistFull);
+                    debug!(
+                        &(),
+                        "HISTS map full: a sample of {} could not be recorded", tgid
+                    );
                     return;
                 }
             }

@@ -13,6 +13,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap},
     programs::TracePointContext,
 };
+use aya_log_ebpf::debug;
 use probes_common::{
     event::EventKind,
     sock::{
@@ -162,12 +163,15 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     // SAFETY: the value is copied out at once. LRU maps are preallocated, so
     // the reference stays inside the map's memory even if the entry is
     // deleted and its node reused meanwhile: at worst this one change is
-    // reported for another watched process.
-    let tracked = unsafe { TRACKED.get(sk) }.copied();
+    // reported for another watched process. 0 stands for none (no process
+    // has tgid 0), not an Option: LLVM may leave a None's payload register
+    // unset and then copy it, which the verifier refuses as a read of an
+    // uninitialised register.
+    let tracked = unsafe { TRACKED.get(sk) }.map_or(0, |owner| *owner);
     let owner = if by_owner && is_watched(tgid) {
         tgid
-    } else if let Some(owner) = tracked {
-        owner
+    } else if tracked != 0 {
+        tracked
     } else if old == TCP_SYN_RECV && new == TCP_ESTABLISHED {
         // SAFETY: as for TRACKED: the map is preallocated (no
         // BPF_F_NO_PREALLOC) and the value copied out at once.
@@ -194,13 +198,34 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     } else {
         // An LRU update costs more than the rest of the program: only when
         // the socket is new to us or changes hands.
-        if tracked != Some(owner) && TRACKED.insert(sk, owner, 0).is_err() {
+        if tracked != owner
+            && let Err(error) = TRACKED.insert(sk, owner, 0)
+        {
             // An LRU map evicts to make room: this fails only when the
             // kernel found no free node (contention across CPUs).
             events::count(Stat::TrackedInsertFailed);
+            debug!(
+                &ctx,
+                "TRACKED: socket {:x} of {} not recorded (error {})", sk, owner, error
+            );
         }
-        if new == TCP_LISTEN && LISTEN_OWNERS.insert(u32::from(lport), owner, 0).is_err() {
-            events::count(Stat::ListenOwnersFull);
+        if new == TCP_LISTEN {
+            match LISTEN_OWNERS.insert(u32::from(lport), owner, 0) {
+                Ok(()) => debug!(
+                    &ctx,
+                    "port {} listened on by {}: connections arriving there are its", lport, owner
+                ),
+                Err(error) => {
+                    events::count(Stat::ListenOwnersFull);
+                    debug!(
+                        &ctx,
+                        "LISTEN_OWNERS full: port {} of {} not recorded (error {})",
+                        lport,
+                        owner,
+                        error
+                    );
+                }
+            }
         }
     }
 

@@ -3,6 +3,7 @@
 //! costs) and the lifecycle programs in watch.rs keep.
 
 use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
+use aya_log_ebpf::debug;
 use probes_common::{
     stats::Stat,
     watch::{PIDS_PER_CHUNK, WATCHED_DEFAULT_CHUNKS, WatchChunk, WatchReason},
@@ -35,7 +36,13 @@ pub fn watch(pid: u32, reason: WatchReason) {
     match byte(pid) {
         // SAFETY: as in `is_watched`; a single byte store.
         Some(b) => unsafe { *b = reason as u8 },
-        None => events::count(Stat::WatchOutOfRange),
+        None => {
+            events::count(Stat::WatchOutOfRange);
+            debug!(
+                &(),
+                "pid {} lies beyond the watch set (pid_max raised after load): not watched", pid
+            );
+        }
     }
 }
 

@@ -116,6 +116,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             probe_cost: false,
             fork_hook: None,
             queue_hook: None,
+            log_probes: false,
         },
         Control {
             on_attached: Some(Box::new(move || {

@@ -63,6 +63,7 @@ async fn watch(args: WatchArgs, control: Control) -> Result<()> {
             probe_cost: args.probe_cost,
             fork_rung: args.fork_hook,
             queue_rung: args.queue_hook,
+            log_probes: args.log_probes,
         },
     )?;
     let mut sinks = Sinks::default();

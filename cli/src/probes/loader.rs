@@ -19,8 +19,17 @@ use probes_common::{
 };
 
 use super::{
-    accept, btf::KernelBtf, fork, hist::KernelHists, preflight, rungs::ForkRung, rungs::QueueRung,
-    self_check, sock, tracefs::Tracefs, watch, watch::WatchSet,
+    accept,
+    btf::KernelBtf,
+    fork,
+    hist::KernelHists,
+    kernel_log::{self, KernelLog},
+    preflight,
+    rungs::{ForkRung, QueueRung},
+    self_check, sock,
+    tracefs::Tracefs,
+    watch,
+    watch::WatchSet,
 };
 use crate::{
     model::{
@@ -41,6 +50,9 @@ pub struct Options {
     pub fork_rung: Option<ForkRung>,
     /// Likewise for the accept-queue wait's hook.
     pub queue_rung: Option<QueueRung>,
+    /// Print what the probes log about what only the kernel sees (see
+    /// `kernel_log`) to stderr; off, the logging code is not even loaded.
+    pub log_probes: bool,
 }
 
 pub struct Probes {
@@ -51,6 +63,8 @@ pub struct Probes {
     fork_rung: ForkRung,
     queue_rung: QueueRung,
     _stats: Option<OwnedFd>,
+    // Last: it prints what the programs log until they are detached.
+    _kernel_log: Option<KernelLog>,
 }
 
 impl Probes {
@@ -72,6 +86,9 @@ impl Probes {
         loader.btf(Some(&btf));
         let slot_mask = slots - 1;
         loader.override_global(SLOT_MASK_GLOBAL, &slot_mask, true);
+        let logger = options.log_probes.then(kernel_log::logger);
+        let log_level = kernel_log::kernel_level(logger.as_ref());
+        loader.override_global(kernel_log::LEVEL_GLOBAL, &log_level, true);
         for setup in &setups {
             for (name, value) in &setup.globals {
                 loader.override_global(name, value, true);
@@ -81,6 +98,11 @@ impl Probes {
             }
         }
         let mut ebpf = loader.load(OBJECT).context("loading the eBPF object")?;
+        // Before anything attaches, so a failing load still prints what the
+        // probes logged on the way (the reader flushes when dropped).
+        let kernel_log = logger
+            .map(|logger| KernelLog::start(&mut ebpf, logger))
+            .transpose()?;
         let watch_set = WatchSet::take(&mut ebpf)?;
 
         let stats = if options.probe_cost {
@@ -107,6 +129,7 @@ impl Probes {
             fork_rung,
             queue_rung,
             _stats: stats,
+            _kernel_log: kernel_log,
         })
     }
 

@@ -11,6 +11,7 @@ pub mod decode;
 pub mod events;
 pub mod fork;
 pub mod hist;
+pub mod kernel_log;
 pub mod loader;
 pub mod preflight;
 pub mod privileges;
