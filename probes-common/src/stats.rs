@@ -30,28 +30,26 @@ stats! {
     /// A clone could not be timed because another watched thread's clone
     /// took its slot (only when `pid_max` exceeds the slot count).
     ForkSlotShared = 2,
-    /// Events lost because the ring buffer was full, one counter per event
-    /// kind. Accept and fork samples no longer go through the ring (see
-    /// `hist`): their counters stay 0.
-    LostAccept = 3,
-    LostFork = 4,
-    LostSpawn = 5,
-    LostExec = 6,
-    LostExit = 7,
-    LostTcpState = 8,
+    /// Events lost because the ring buffer was full, one counter per kind
+    /// of event that goes through it. Accept and fork samples never do:
+    /// the kernel keeps them in its histograms (see `hist`).
+    LostSpawn = 3,
+    LostExec = 4,
+    LostExit = 5,
+    LostTcpState = 6,
     /// An accept or fork sample could not be recorded: the histogram map
     /// (see `hist`) was full.
-    HistFull = 9,
+    HistFull = 7,
     /// A watched process's listening port could not be recorded (the
     /// LISTEN_OWNERS map was full): connections arriving there are not
     /// attributed to it.
-    ListenOwnersFull = 10,
+    ListenOwnersFull = 8,
     /// A watched socket could not be recorded in the TRACKED map, so its
     /// later state changes made outside its owner's context go unreported.
-    TrackedInsertFailed = 11,
+    TrackedInsertFailed = 9,
     /// When a connection's handshake completed could not be recorded, so
     /// its accept-queue wait is unknown.
-    HandshakeInsertFailed = 12,
+    HandshakeInsertFailed = 10,
 }
 
 /// Entries in the per-CPU counter array: one per [`Stat`].
@@ -76,7 +74,7 @@ mod tests {
 
     #[test]
     fn every_counter_has_its_own_slot_in_the_array() {
-        assert_eq!(STAT_COUNT, 13);
+        assert_eq!(STAT_COUNT, 11);
         assert_eq!(Stat::ALL.first(), Some(&Stat::AcceptSlotShared));
         assert_eq!(Stat::ALL.last(), Some(&Stat::HandshakeInsertFailed));
         assert!(Stat::ALL.iter().all(|&s| (s as u32) < STAT_COUNT));

@@ -1,7 +1,8 @@
 //! The pipeline, written once: the collector owns the probes, their event
 //! stream and the process table. Between reports it moves events into the
 //! table as they come; each interval (`tick`) and once at the end (`finish`)
-//! it runs the same sequence — drain the ring, merge what the kernel folded,
+//! it runs the same sequence — drain the ring, merge what the kernel's
+//! histograms gained,
 //! follow the watch set, look at the sockets, build the report, explain it —
 //! and hands the result to whoever asked, as a [`Frame`].
 

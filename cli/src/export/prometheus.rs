@@ -46,9 +46,8 @@ pub struct Snapshot {
     processes: Vec<(String, u64)>,
     time_wait: Vec<(String, u64)>,
     drops: u64,
-    lost: [(&'static str, u64); 6],
+    lost: [(&'static str, u64); 4],
     skipped: [(&'static str, u64); 6],
-    uncounted: u64,
 }
 
 impl Snapshot {
@@ -98,7 +97,6 @@ impl Snapshot {
             drops: report.drops,
             lost: report.drops_by_cause.lost.by_kind(),
             skipped: report.drops_by_cause.skipped.by_kind(),
-            uncounted: report.drops_by_cause.uncounted(),
         }
     }
 }
@@ -154,7 +152,7 @@ impl Collector for Published {
         ConstGauge::new(s.drops as i64).encode(drops)?;
         let mut lost = encoder.encode_descriptor(
             "stackprobe_ring_full_events",
-            "Events the full ring buffer could not take since the start, by kind (accept and fork samples are still counted: folded in the kernel)",
+            "Events the full ring buffer could not take since the start, by kind (accept and fork samples never cross it)",
             None,
             MetricType::Gauge,
         )?;
@@ -170,13 +168,6 @@ impl Collector for Published {
         for (kind, n) in s.skipped {
             ConstGauge::new(n as i64).encode(skipped.encode_family(&[("kind", kind)])?)?;
         }
-        let uncounted = encoder.encode_descriptor(
-            "stackprobe_uncounted_events",
-            "Lost events whose numbers are missing from the metrics",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(s.uncounted as i64).encode(uncounted)?;
         Ok(())
     }
 }

@@ -19,9 +19,6 @@ pub struct LatencyHistogram {
     min: u64,
     max: u64,
     sum: u128,
-    /// Samples recorded through [`Self::record_folded`]: known only to
-    /// within their bucket's width.
-    folded: u64,
 }
 
 /// The numbers a view shows for one distribution, all in nanoseconds.
@@ -35,10 +32,6 @@ pub struct Summary {
     pub p99_ns: u64,
     pub p999_ns: u64,
     pub max_ns: u64,
-    /// Of `count`, samples the ring buffer could not take, which the kernel
-    /// kept in log-linear buckets: each is known to within 1/16 of its
-    /// value, so min, max and percentiles are too when this is not 0.
-    pub folded: u64,
 }
 
 /// One row of a bpftrace-style power-of-two histogram: `[lo, hi)`.
@@ -62,7 +55,6 @@ impl LatencyHistogram {
             min: u64::MAX,
             max: 0,
             sum: 0,
-            folded: 0,
         }
     }
 
@@ -101,8 +93,6 @@ impl LatencyHistogram {
             min,
             max,
             sum,
-            // A recording keeps no note of which samples were folded.
-            folded: 0,
         }
     }
 
@@ -120,19 +110,6 @@ impl LatencyHistogram {
         self.min = self.min.min(ns);
         self.max = self.max.max(ns);
         self.sum += u128::from(ns);
-    }
-
-    /// Records `count` samples the kernel folded into a bucket whose
-    /// midpoint is `ns`.
-    pub fn record_folded(&mut self, ns: u64, count: u64) {
-        if count == 0 {
-            return;
-        }
-        self.hist_mut().saturating_record_n(ns, count);
-        self.min = self.min.min(ns);
-        self.max = self.max.max(ns);
-        self.sum += u128::from(ns) * u128::from(count);
-        self.folded += count;
     }
 
     /// Merges samples the kernel kept in its histograms: `buckets` as
@@ -171,7 +148,6 @@ impl LatencyHistogram {
         self.min = self.min.min(other.min);
         self.max = self.max.max(other.max);
         self.sum += other.sum;
-        self.folded += other.folded;
     }
 
     pub fn reset(&mut self) {
@@ -182,7 +158,6 @@ impl LatencyHistogram {
         self.min = u64::MAX;
         self.max = 0;
         self.sum = 0;
-        self.folded = 0;
     }
 
     /// The value at quantile `q` (0..=1), clamped to the exact min and max so a
@@ -208,7 +183,6 @@ impl LatencyHistogram {
             p99_ns: self.quantile(0.99),
             p999_ns: self.quantile(0.999),
             max_ns: self.max,
-            folded: self.folded,
         }
     }
 
@@ -276,24 +250,6 @@ mod tests {
     }
 
     #[test]
-    fn folded_samples_count_as_many_as_they_are_and_say_so() {
-        let mut h = LatencyHistogram::new();
-        h.record(1_000);
-        h.record_folded(50_000, 99);
-        h.record_folded(7, 0);
-        let s = h.summary();
-        assert_eq!((s.count, s.folded), (100, 99));
-        assert_eq!((s.min_ns, s.max_ns), (1_000, 50_000));
-        assert_eq!(s.mean_ns, (1_000 + 99 * 50_000) / 100);
-        let mut sum = LatencyHistogram::new();
-        sum.add(&h);
-        sum.add(&h);
-        assert_eq!((sum.count(), sum.summary().folded), (200, 198));
-        h.reset();
-        assert_eq!(h.summary(), Summary::default());
-    }
-
-    #[test]
     fn kernel_buckets_keep_count_sum_min_and_max_exact() {
         let mut h = LatencyHistogram::new();
         h.record_kernel(&[], 0, 0, 0);
@@ -305,7 +261,6 @@ mod tests {
         assert_eq!((s.count, s.min_ns, s.max_ns), (4, 1_000, 5_000));
         assert_eq!(h.sum_ns(), 9_003);
         assert_eq!(s.mean_ns, 9_003 / 4);
-        assert_eq!(s.folded, 0);
         // Percentiles never leave the exact extremes, though 5008 was recorded.
         assert_eq!(s.p999_ns, 5_000);
         let mut sum = LatencyHistogram::new();

@@ -6,6 +6,36 @@ use probes_common::event::EventKind;
 use serde::Serialize;
 
 /// Events the full ring buffer could not take, by kind, since the start.
+/// Only these kinds cross the ring: accept and fork samples stay in the
+/// kernel's histograms (see probes_common::hist), so none is lost there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RingLost {
+    /// Process births: their children's lifetimes are missing.
+    pub spawn: u64,
+    pub exec: u64,
+    /// Process exits: those processes retire two syncs late, lifetimes missing.
+    pub exit: u64,
+    /// TCP state changes: link counts are short by these.
+    pub tcp_state: u64,
+}
+
+impl RingLost {
+    pub fn total(&self) -> u64 {
+        self.spawn + self.exec + self.exit + self.tcp_state
+    }
+
+    /// Each kind by the name views use.
+    pub fn by_kind(&self) -> [(&'static str, u64); 4] {
+        [
+            ("spawn", self.spawn),
+            ("exec", self.exec),
+            ("exit", self.exit),
+            ("tcp_state", self.tcp_state),
+        ]
+    }
+}
+
+/// Events lost, by the kind of event each probe makes, since the start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LostEvents {
     pub accept: u64,
@@ -49,24 +79,19 @@ impl LostEvents {
     }
 }
 
-/// Events the probes could not deliver, by cause, since the start.
+/// Events the probes could not deliver, by cause, since the start. Each is
+/// missing from the report's numbers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Drops {
     /// Lost because the ring buffer was full.
-    pub lost: LostEvents,
+    pub lost: RingLost,
     /// Probe runs the kernel skipped because a BPF program was already
     /// running on that CPU (a tracepoint hit in a softirq that interrupted
     /// one): its `recursion_misses`, by the kind of event the probe makes.
     pub skipped: LostEvents,
-    /// Of the lost accepts and forks, samples folded in the kernel. Accepts
-    /// and forks no longer go through the ring buffer (they are recorded in
-    /// the kernel's histograms, see probes_common::hist): always 0, kept
-    /// for the readers of the JSON field.
-    pub folded_accepts: u64,
-    pub folded_forks: u64,
     /// Accept or fork samples the kernel could not record: its histogram
     /// map was full.
-    pub overflow_full: u64,
+    pub hist_full: u64,
     /// Accepts not timed because another watched thread's accept shared their slot.
     pub accept_slot_shared: u64,
     /// Processes not watched because their pid lies beyond the watch set.
@@ -92,18 +117,10 @@ impl Drops {
             + self.accept_slot_shared
             + self.watch_out_of_range
             + self.fork_slot_shared
-            + self.overflow_full
+            + self.hist_full
             + self.listen_owners_full
             + self.tracked_insert_failed
             + self.handshake_insert_failed
-    }
-
-    /// Lost events whose numbers are missing from the report: all but the
-    /// accepts and forks folded in the kernel.
-    pub fn uncounted(&self) -> u64 {
-        self.total()
-            - self.folded_accepts.min(self.lost.accept)
-            - self.folded_forks.min(self.lost.fork)
     }
 }
 

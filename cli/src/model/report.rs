@@ -24,7 +24,7 @@ pub enum ReportKind {
 
 /// The `--json` schema: bumped when a field changes meaning or goes away
 /// (new fields may appear without a bump).
-pub const SCHEMA: &str = "stackprobe.watch/2";
+pub const SCHEMA: &str = "stackprobe.watch/3";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -420,7 +420,7 @@ mod tests {
     use super::*;
     use crate::model::{
         event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
-        probe_stats::LostEvents,
+        probe_stats::RingLost,
         process::LiveProcess,
     };
 
@@ -470,9 +470,9 @@ mod tests {
         t.reset_interval();
         t.apply(&accept(2, "busy", 500));
         let drops = Drops {
-            lost: LostEvents {
+            lost: RingLost {
                 exit: 2,
-                ..LostEvents::default()
+                ..RingLost::default()
             },
             accept_slot_shared: 1,
             ..Drops::default()
@@ -655,7 +655,7 @@ mod tests {
             Drops::default(),
         );
         let v = serde_json::to_value(&r).unwrap();
-        assert_eq!(v["schema"], "stackprobe.watch/2");
+        assert_eq!(v["schema"], "stackprobe.watch/3");
         assert_eq!(v["type"], "summary");
         assert_eq!(v["drops"], 0);
         let p = &v["processes"][0];
@@ -708,6 +708,31 @@ mod tests {
             "log2_buckets",
         ] {
             assert!(!role["fork"][field].is_null(), "missing fork.{field}");
+        }
+        let drops = &v["drops_by_cause"];
+        for field in [
+            "lost",
+            "skipped",
+            "hist_full",
+            "accept_slot_shared",
+            "watch_out_of_range",
+            "fork_slot_shared",
+            "listen_owners_full",
+            "tracked_insert_failed",
+            "handshake_insert_failed",
+        ] {
+            assert!(!drops[field].is_null(), "missing drops_by_cause.{field}");
+        }
+        assert!(!drops["skipped"]["accept"].is_null());
+        // Gone in schema 3: accepts and forks never cross the ring buffer.
+        for gone in [
+            &drops["lost"]["accept"],
+            &drops["lost"]["fork"],
+            &drops["folded_accepts"],
+            &drops["overflow_full"],
+            &role["accept"]["folded"],
+        ] {
+            assert!(gone.is_null(), "{gone}");
         }
     }
 }

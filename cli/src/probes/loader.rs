@@ -34,7 +34,7 @@ use super::{
 use crate::{
     model::{
         event::Event,
-        probe_stats::{Drops, LostEvents, ProgramCost, RungInUse},
+        probe_stats::{Drops, LostEvents, ProgramCost, RingLost, RungInUse},
     },
     procfs,
 };
@@ -210,20 +210,14 @@ impl Probes {
         let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(map)?;
         let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
         Ok(Drops {
-            lost: LostEvents {
-                accept: read(Stat::LostAccept)?,
-                fork: read(Stat::LostFork)?,
+            lost: RingLost {
                 spawn: read(Stat::LostSpawn)?,
                 exec: read(Stat::LostExec)?,
                 exit: read(Stat::LostExit)?,
                 tcp_state: read(Stat::LostTcpState)?,
             },
             skipped: self.skipped_runs()?,
-            // Accepts and forks no longer go through the ring: nothing of
-            // theirs is lost there to be folded.
-            folded_accepts: 0,
-            folded_forks: 0,
-            overflow_full: read(Stat::HistFull)?,
+            hist_full: read(Stat::HistFull)?,
             accept_slot_shared: read(Stat::AcceptSlotShared)?,
             watch_out_of_range: read(Stat::WatchOutOfRange)?,
             fork_slot_shared: read(Stat::ForkSlotShared)?,

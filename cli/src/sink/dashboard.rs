@@ -109,7 +109,6 @@ impl Sink for DashboardSink {
             interval_s: self.interval_s,
             events_per_s: report.events.count as f64 / frame.interval.as_secs_f64(),
             drops: report.drops,
-            uncounted: report.drops_by_cause.uncounted(),
             ns_per_event: frame.cost.ns_per_run,
             cpu_percent: frame.cost.cpu_percent,
         };

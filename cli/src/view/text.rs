@@ -202,7 +202,7 @@ fn tcp_block(tcp: &TcpReport) -> String {
 }
 
 fn percentile_line(s: &Summary) -> String {
-    let mut line = format!(
+    format!(
         "min {}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  mean {}",
         duration(s.min_ns),
         duration(s.p50_ns),
@@ -211,20 +211,11 @@ fn percentile_line(s: &Summary) -> String {
         duration(s.p999_ns),
         duration(s.max_ns),
         duration(s.mean_ns),
-    );
-    if s.folded > 0 {
-        let _ = write!(
-            line,
-            "  ({} of {} folded in the kernel: values ±6%)",
-            s.folded, s.count
-        );
-    }
-    line
+    )
 }
 
 /// `DROPS N (…)`: every cause with a count, and for events lost to a full
-/// ring buffer, which ones are still counted (folded in the kernel) and
-/// which numbers are short.
+/// ring buffer or skipped by the kernel, their kinds.
 fn drops_line(d: &Drops) -> String {
     let mut causes = Vec::new();
     let lost: Vec<String> = d
@@ -232,18 +223,7 @@ fn drops_line(d: &Drops) -> String {
         .by_kind()
         .into_iter()
         .filter(|&(_, n)| n > 0)
-        .map(|(kind, n)| {
-            let folded = match kind {
-                "accept" => d.folded_accepts,
-                "fork" => d.folded_forks,
-                _ => 0,
-            };
-            if folded > 0 {
-                format!("{kind} {n}, {} still counted", folded.min(n))
-            } else {
-                format!("{kind} {n}")
-            }
-        })
+        .map(|(kind, n)| format!("{kind} {n}"))
         .collect();
     if !lost.is_empty() {
         causes.push(format!("ring buffer full: {}", lost.join(", ")));
@@ -262,7 +242,7 @@ fn drops_line(d: &Drops) -> String {
         ));
     }
     for (label, n) in [
-        ("histogram map full", d.overflow_full),
+        ("histogram map full", d.hist_full),
         ("accept slot shared", d.accept_slot_shared),
         ("pid beyond watch set", d.watch_out_of_range),
         ("fork slot shared", d.fork_slot_shared),
@@ -274,12 +254,7 @@ fn drops_line(d: &Drops) -> String {
             causes.push(format!("{label} {n}"));
         }
     }
-    format!(
-        "DROPS {} ({}; {} not counted)",
-        d.total(),
-        causes.join("; "),
-        d.uncounted()
-    )
+    format!("DROPS {} ({})", d.total(), causes.join("; "))
 }
 
 /// bpftrace's `hist()` layout, in nanoseconds: `[4K, 8K)  12 |@@@@   |`.
@@ -339,7 +314,7 @@ mod tests {
     use super::*;
     use crate::model::{
         fixtures::{fork_per_connection, live},
-        probe_stats::LostEvents,
+        probe_stats::{LostEvents, RingLost},
         process::ProcessTable,
     };
 
@@ -414,12 +389,11 @@ mod tests {
     #[test]
     fn drops_are_shown_with_their_causes() {
         let text = render(&report(Drops {
-            lost: LostEvents {
-                accept: 5,
+            lost: RingLost {
+                spawn: 5,
                 tcp_state: 4,
-                ..LostEvents::default()
+                ..RingLost::default()
             },
-            folded_accepts: 5,
             skipped: LostEvents {
                 tcp_state: 3,
                 ..LostEvents::default()
@@ -429,7 +403,7 @@ mod tests {
             ..Drops::default()
         }));
         assert!(
-            text.contains("DROPS 15 (ring buffer full: accept 5, 5 still counted, tcp_state 4; skipped by the kernel (a BPF program was already running on that CPU): tcp_state 3; accept slot shared 1; fork slot shared 2; 10 not counted)"),
+            text.contains("DROPS 15 (ring buffer full: spawn 5, tcp_state 4; skipped by the kernel (a BPF program was already running on that CPU): tcp_state 3; accept slot shared 1; fork slot shared 2)"),
             "{text}"
         );
     }
@@ -443,19 +417,9 @@ mod tests {
             ..Drops::default()
         }));
         assert!(
-            text.contains("DROPS 6 (listener map full 1; socket map insert failed 2; handshake map insert failed 3; 6 not counted)"),
+            text.contains("DROPS 6 (listener map full 1; socket map insert failed 2; handshake map insert failed 3)"),
             "{text}"
         );
-    }
-
-    #[test]
-    fn folded_samples_are_flagged_on_their_percentiles() {
-        let s = Summary {
-            count: 10,
-            folded: 4,
-            ..Summary::default()
-        };
-        assert!(percentile_line(&s).ends_with("(4 of 10 folded in the kernel: values ±6%)"));
     }
 
     #[test]

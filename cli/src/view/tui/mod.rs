@@ -70,9 +70,6 @@ pub struct Status {
     pub interval_s: f64,
     pub events_per_s: f64,
     pub drops: u64,
-    /// Of `drops`, events whose numbers are missing (the rest were folded
-    /// into the kernel's overflow histograms and still count).
-    pub uncounted: u64,
     /// ns per BPF program run over the interval, when measured (--probe-cost).
     pub ns_per_event: Option<f64>,
     pub cpu_percent: f64,
@@ -339,15 +336,11 @@ fn render_status(frame: &mut Frame, area: Rect, d: &Dashboard) {
         "stackprobe +{:.0}s every {:.1}s {:.0} ev/s ",
         s.elapsed_s, s.interval_s, s.events_per_s
     )));
-    spans.push(match (s.drops, s.uncounted) {
-        (0, _) => Span::raw("drops 0"),
-        // Folded in the kernel: counted, with coarser latencies.
-        (drops, 0) => Span::styled(
-            format!("drops {drops} (all counted)"),
-            d.style(Color::Yellow).add_modifier(Modifier::BOLD),
-        ),
-        (drops, uncounted) => Span::styled(
-            format!("drops {drops} ({uncounted} uncounted)"),
+    spans.push(match s.drops {
+        0 => Span::raw("drops 0"),
+        // Every drop is missing from the numbers shown.
+        drops => Span::styled(
+            format!("drops {drops}"),
             d.style(Color::Red).add_modifier(Modifier::BOLD),
         ),
     });
@@ -487,16 +480,6 @@ fn render_overview(
     frame.render_stateful_widget(table, area, &mut state);
 }
 
-/// `~` marks values of a distribution holding samples the kernel folded
-/// while the ring buffer was full: known to within 1/16, not exactly.
-fn approximate_duration(s: &Summary, ns: u64) -> String {
-    if s.folded > 0 {
-        format!("~{}", duration(ns))
-    } else {
-        duration(ns)
-    }
-}
-
 fn percentile_row(name: &str, s: &Summary) -> Row<'static> {
     let cells = if s.count == 0 {
         vec![
@@ -509,15 +492,14 @@ fn percentile_row(name: &str, s: &Summary) -> Row<'static> {
             "-".into(),
         ]
     } else {
-        let d = |ns| approximate_duration(s, ns);
         vec![
             name.to_string(),
             s.count.to_string(),
-            d(s.p50_ns),
-            d(s.p90_ns),
-            d(s.p99_ns),
-            d(s.p999_ns),
-            d(s.max_ns),
+            duration(s.p50_ns),
+            duration(s.p90_ns),
+            duration(s.p99_ns),
+            duration(s.p999_ns),
+            duration(s.max_ns),
         ]
     };
     Row::new(cells)
@@ -766,7 +748,6 @@ mod tests {
             interval_s: 1.0,
             events_per_s: 1648.0,
             drops: 0,
-            uncounted: 0,
             ns_per_event: None,
             cpu_percent: 1.5,
         }
@@ -813,17 +794,6 @@ mod tests {
         let (text, _) = screen(&d, 80, 24);
         assert!(text.contains("collecting…"), "{text}");
         assert!(text.contains("nothing to report yet"));
-    }
-
-    #[test]
-    fn values_holding_folded_samples_are_marked_approximate() {
-        let mut s = Summary {
-            count: 3,
-            ..Summary::default()
-        };
-        assert_eq!(approximate_duration(&s, 1_500), "1.5µs");
-        s.folded = 1;
-        assert_eq!(approximate_duration(&s, 1_500), "~1.5µs");
     }
 
     #[test]
