@@ -236,17 +236,11 @@ impl ProcessTable {
             Event::Exec(s) => self.record_exec(s),
             Event::Exit(s) => self.record_exit(s),
             Event::Folded(s) => self.record_folded(s),
+            // A listener opened or closed (links are counted in the kernel).
             Event::TcpState(s) => {
                 if let Some(comm) = &s.comm {
                     self.entry(s.owner, comm);
                 }
-                // Links are grouped by the owner's role: forking servers
-                // close each connection in a short-lived child.
-                let owner = self
-                    .procs
-                    .get(&s.owner)
-                    .map_or_else(|| format!("[{}]", s.owner), Process::role);
-                self.links.record_state(s, &owner);
             }
         }
     }
@@ -349,6 +343,8 @@ impl ProcessTable {
     fn retire(&mut self, pid: u32) {
         if let Some(proc) = self.procs.remove(&pid) {
             let role = proc.role();
+            // Its sockets keep counting on its links under this role.
+            self.links.remember_role(pid, role.clone());
             let retired = self.retired_role(role);
             retired.add(&proc.activity, Span::Whole);
             retired.exited.bump();

@@ -55,6 +55,8 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
             accepted_fds.push(a.conn_fd);
         }
     }
+    // Nor are the counts of its links.
+    sock::forget_owner(ebpf, me)?;
     let accepted_fd = checked?;
     if !accepted_fds.contains(&accepted_fd) {
         bail!(
