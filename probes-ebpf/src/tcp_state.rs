@@ -122,12 +122,6 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
     if (tracked.is_none() || counted || listen) && !tcp_links::read_ends(sk, &mut ends) {
         return;
     }
-    if new == TCP_CLOSE {
-        // Its port is released (skc_num zeroed) before this change is
-        // reported; inet_sport keeps it.
-        let sport: u16 = tcp_links::read(sk, &INET_SPORT).unwrap_or(0);
-        ends.lport = u16::from_be(sport);
-    }
     let mut entry = match tracked {
         // SAFETY: copied out at once. LRU maps are preallocated, so the
         // pointer stays inside the map's memory even if the entry is
@@ -157,6 +151,18 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         }
     };
 
+    // FIN_WAIT2 or CLOSING → CLOSE of a socket whose owner closed first: the
+    // kernel has just made its timewait twin (tcp_time_wait, then tcp_done).
+    let time_wait = new == TCP_CLOSE && (old == TCP_FIN_WAIT2 || old == TCP_CLOSING);
+    if new == TCP_CLOSE
+        && (old == TCP_LISTEN || entry.side == SIDE_PASSIVE || (time_wait && entry.closer != 0))
+    {
+        // The local port is in the link (passive), the 4-tuple or the map
+        // of listeners: it is released (skc_num zeroed) before this change
+        // is reported, and inet_sport keeps it.
+        let sport: u16 = tcp_links::read(sk, &INET_SPORT).unwrap_or(0);
+        ends.lport = u16::from_be(sport);
+    }
     if listen {
         listener(sk, old, new, entry, &ends, tracked.is_none(), by_owner);
         return;
@@ -174,16 +180,18 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
     // One key on the stack, its owner changed in place.
     let mut key = ends.link(entry.owner, entry.side);
     if new == TCP_CLOSE {
-        let aborted = is_abort(old);
+        let aborted = u64::from(is_abort(old));
+        let own_time_wait = u64::from(time_wait && entry.closer == entry.owner);
         tcp_links::add(&key, |c| {
             c.closes += 1;
-            c.aborts += u64::from(aborted);
+            c.aborts += aborted;
+            c.new_time_wait += own_time_wait;
         });
-        // FIN_WAIT2 or CLOSING → CLOSE: the kernel has just made the
-        // socket's timewait twin (tcp_time_wait, then tcp_done).
-        if (old == TCP_FIN_WAIT2 || old == TCP_CLOSING) && entry.closer != 0 {
-            key.owner = entry.closer;
-            tcp_links::add(&key, |c| c.new_time_wait += 1);
+        if time_wait && entry.closer != 0 {
+            if own_time_wait == 0 {
+                key.owner = entry.closer;
+                tcp_links::add(&key, |c| c.new_time_wait += 1);
+            }
             tcp_links::note_closer(
                 &ends.tuple(),
                 Closer {
@@ -196,7 +204,10 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         if tracked.is_some() {
             let _ = TRACKED.remove(sk);
         }
-        handshakes::forget(sk);
+        if entry.side == SIDE_PASSIVE {
+            // Only connections arriving at a watched listener had theirs noted.
+            handshakes::forget(sk);
+        }
         return;
     }
     if counted {
