@@ -64,7 +64,7 @@ fn log_probes_prints_the_listeners_the_kernel_attributes_connections_to() {
         server.pid
     ));
     let line = sp.seen.lines().last().unwrap().to_string();
-    assert!(line.starts_with("[DEBUG probes::sock]"), "{line}");
+    assert!(line.starts_with("[DEBUG probes::tcp_state]"), "{line}");
     // The thread printing them, started while loading, kept no more of
     // root's capabilities than the rest of the run.
     for (set, mask) in capabilities(sp.child.id()) {

@@ -47,21 +47,23 @@ fn map_entries() -> Vec<(String, usize)> {
         let Ok(data) = MapData::from_id(info.id()) else {
             continue;
         };
-        let n =
-            match name.as_str() {
-                "TRACKED" => HashMap::<_, u64, u32>::try_from(Map::LruHashMap(data))
-                    .map(|m| m.keys().count()),
-                "ESTABLISHED_AT" => HashMap::<_, u64, u64>::try_from(Map::LruHashMap(data))
-                    .map(|m| m.keys().count()),
-                "LISTEN_OWNERS" => {
-                    HashMap::<_, u32, u32>::try_from(Map::HashMap(data)).map(|m| m.keys().count())
-                }
-                "HISTS" => PerCpuHashMap::<_, u64, probes_common::hist::HistValue>::try_from(
-                    Map::PerCpuHashMap(data),
-                )
-                .map(|m| m.keys().count()),
-                _ => continue,
-            };
+        let n = match name.as_str() {
+            "TRACKED" => HashMap::<_, u64, probes_common::sock::TrackedSocket>::try_from(
+                Map::LruHashMap(data),
+            )
+            .map(|m| m.keys().count()),
+            "ESTABLISHED_AT" => {
+                HashMap::<_, u64, u64>::try_from(Map::LruHashMap(data)).map(|m| m.keys().count())
+            }
+            "LISTEN_OWNERS" => {
+                HashMap::<_, u32, u32>::try_from(Map::HashMap(data)).map(|m| m.keys().count())
+            }
+            "HISTS" => PerCpuHashMap::<_, u64, probes_common::hist::HistValue>::try_from(
+                Map::PerCpuHashMap(data),
+            )
+            .map(|m| m.keys().count()),
+            _ => continue,
+        };
         out.push((name, n.unwrap()));
     }
     out.sort();

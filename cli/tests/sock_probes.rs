@@ -389,3 +389,53 @@ fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
     drop(held);
     server.stop();
 }
+
+#[test]
+fn under_connection_churn_no_state_change_is_skipped_and_every_one_counts() {
+    use stackprobe::probes::rungs::StateRung;
+    let _lock = probe_lock();
+    let mut server = Server::start(None);
+    let mut s = Session::start();
+    if s.collector.probes().state_rung() != StateRung::BtfTracepoint {
+        eprintln!("the tp_btf rung is not in use here: nothing to check");
+        return;
+    }
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
+    s.sync();
+    s.collector.observe_sockets().unwrap();
+
+    // Bounded loopback churn: two unwatched clients at once, so state
+    // changes in softirq land while the other CPU's probe runs.
+    let n: u64 = 2000;
+    server.send(&format!("accept {n} tcp accept4"));
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(LOOPBACK)
+                .args(["connect", "tcp", &server.tcp, &(n / 2).to_string()])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in clients {
+        assert!(c.wait().unwrap().success());
+    }
+    server.wait_accepted(n);
+    let server_side = format!("{} ← 127.0.0.1", server.tcp);
+    observe_until(&mut s, |s| {
+        s.collector
+            .table()
+            .links
+            .iter()
+            .any(|(k, st)| k.peer == server_side && st.closes.total == n)
+    });
+    let srv = link(&s, "stackprobe-loop", &server_side);
+    let drops = s.collector.probes().drops().unwrap();
+    assert_eq!(
+        (srv.opens.total, srv.closes.total, srv.aborts.total),
+        (n, n, 0),
+        "{drops:?}"
+    );
+    assert_eq!(drops.skipped.tcp_state, 0, "{drops:?}");
+    assert_eq!(drops.total(), 0, "{drops:?}");
+    server.stop();
+}

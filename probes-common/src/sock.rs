@@ -3,13 +3,52 @@
 
 use crate::offsets::{FieldOffset, MemberOffset};
 
-/// The iterator program; each run writes one [`TcpSocket`] per socket.
+/// The iterator program. In [`ITER_EVERY_SOCKET`] mode each run writes one
+/// [`TcpSocket`] per socket; in [`ITER_AGGREGATE`] mode only listeners, and
+/// it counts TIME_WAIT sockets per link in [`TW_COUNTS_MAP`] instead.
 pub const ITER_PROGRAM: &str = "tcp_sockets";
+/// One-entry array holding the iterator's [`IterConfig`].
+pub const ITER_CONFIG_MAP: &str = "ITER_CONFIG";
+pub const ITER_EVERY_SOCKET: u32 = 0;
+pub const ITER_AGGREGATE: u32 = 1;
 
-/// The kernel struct members the iterator reads, each at the offset in its
-/// global (see [`crate::offsets`]).
+/// What userspace tells the iterator before a run, and what the run counted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IterConfig {
+    /// [`ITER_EVERY_SOCKET`] or [`ITER_AGGREGATE`].
+    pub mode: u32,
+    /// The run's number: [`TW_COUNTS_MAP`] entries of older runs are stale.
+    pub generation: u32,
+    /// Sockets the run walked (aggregate mode).
+    pub walked: u64,
+}
+
+crate::assert_layout!(IterConfig, 16, { mode: 0, generation: 4, walked: 8 });
+
+/// TIME_WAIT sockets per link in the run numbered `generation`.
+pub const TW_COUNTS_MAP: &str = "TW_COUNTS";
+pub const TW_COUNTS_MAX_ENTRIES: u32 = 16384;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TwCount {
+    pub generation: u64,
+    pub count: u64,
+}
+
+crate::assert_layout!(TwCount, 16, { generation: 0, count: 8 });
+
+/// The kernel reads `struct sock_common`'s members from one copy of its
+/// first bytes (one helper call instead of one per member); userspace checks
+/// that every member read this way lies inside.
+pub const SOCK_WINDOW: usize = 96;
+
+/// The `sock_common` members both the iterator and the state probe read,
+/// each at the offset in its global (see [`crate::offsets`]), from one copy
+/// of the struct's first [`SOCK_WINDOW`] bytes.
 #[macro_export]
-macro_rules! sock_iter_members {
+macro_rules! sock_common_members {
     ($($then:ident)::+) => {
         $($then)::+! {
             SKC_DADDR: sock.__sk_common.skc_daddr,
@@ -20,6 +59,21 @@ macro_rules! sock_iter_members {
             SKC_STATE: sock.__sk_common.skc_state,
             SKC_V6_DADDR: sock.__sk_common.skc_v6_daddr,
             SKC_V6_RCV_SADDR: sock.__sk_common.skc_v6_rcv_saddr,
+        }
+    };
+}
+pub const SOCK_COMMON_MEMBERS: &[MemberOffset] = &sock_common_members!(crate::member_table);
+
+/// Bytes read of each [`SOCK_COMMON_MEMBERS`] entry, in its order: each
+/// must end inside the [`SOCK_WINDOW`].
+pub const SOCK_COMMON_SIZES: [u32; 8] = [4, 4, 2, 2, 2, 1, 16, 16];
+
+/// The other kernel struct members the iterator reads (listeners' backlog
+/// and inode), each at the offset in its global.
+#[macro_export]
+macro_rules! sock_iter_members {
+    ($($then:ident)::+) => {
+        $($then)::+! {
             SK_ACK_BACKLOG: sock.sk_ack_backlog,
             SK_MAX_ACK_BACKLOG: sock.sk_max_ack_backlog,
             SK_SOCKET: sock.sk_socket,
@@ -29,7 +83,22 @@ macro_rules! sock_iter_members {
         }
     };
 }
-pub const ITER_MEMBERS: &[MemberOffset] = &sock_iter_members!(crate::member_table);
+const LISTENER_MEMBERS: [MemberOffset; 6] = sock_iter_members!(crate::member_table);
+/// Every member the iterator reads: the `sock_common` ones, then the rest.
+pub const ITER_MEMBERS: &[MemberOffset] = &{
+    let common: [MemberOffset; 8] = sock_common_members!(crate::member_table);
+    let mut all = [common[0]; 14];
+    let mut i = 0;
+    while i < 14 {
+        all[i] = if i < 8 {
+            common[i]
+        } else {
+            LISTENER_MEMBERS[i - 8]
+        };
+        i += 1;
+    }
+    all
+};
 
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
@@ -87,10 +156,16 @@ mod user {
     unsafe impl aya::Pod for super::TcpSocket {}
 }
 
-/// `sock/inet_sock_set_state`: every TCP state change of a socket owned by a
-/// watched process.
+/// `sock/inet_sock_set_state`, classic tracepoint: every TCP state change
+/// of a socket owned by a watched process, counted per link.
 pub const STATE_PROGRAM: &str = "tcp_state";
-/// Map from a socket's address to the watched process owning it.
+/// The same as a BTF tracepoint (tp_btf), where the kernel offers it: its
+/// arguments are plain loads, and it has a recursion guard of its own (the
+/// classic tracepoints share one per CPU, so a state change in softirq that
+/// interrupts another probe is skipped).
+pub const STATE_BTF_PROGRAM: &str = "tcp_state_btf";
+pub const STATE_BTF_EVENT: &str = "inet_sock_set_state";
+/// Map from a socket's address to its [`TrackedSocket`].
 pub const TRACKED_MAP: &str = "TRACKED";
 pub const TRACKED_MAX_ENTRIES: u32 = 65536;
 /// Map from a listening port to the watched process listening on it: the
@@ -99,8 +174,34 @@ pub const TRACKED_MAX_ENTRIES: u32 = 65536;
 pub const LISTEN_OWNERS_MAP: &str = "LISTEN_OWNERS";
 pub const LISTEN_OWNERS_MAX_ENTRIES: u32 = 4096;
 
+/// `inet_sock.inet_sport`: a closing socket's local port. The kernel
+/// releases the port (zeroing `skc_num`) before it reports the change to
+/// CLOSE; this copy stays.
+#[macro_export]
+macro_rules! sock_close_members {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            INET_SPORT: inet_sock.inet_sport,
+        }
+    };
+}
+pub const CLOSE_MEMBERS: &[MemberOffset] = &sock_close_members!(crate::member_table);
+
+/// `sock.sk_protocol`, which the tp_btf program reads to keep TCP only (a
+/// bitfield before 5.6: the classic tracepoint then serves).
+#[macro_export]
+macro_rules! sock_protocol_member {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            SK_PROTOCOL: sock.sk_protocol,
+        }
+    };
+}
+pub const PROTOCOL_MEMBER: &[MemberOffset] = &sock_protocol_member!(crate::member_table);
+
 /// The `inet_sock_set_state` record fields `tcp_state` reads, each at the
-/// offset in its global (see [`crate::offsets`]).
+/// offset in its global (see [`crate::offsets`]), from one copy of the
+/// record's first [`RECORD_WINDOW`] bytes.
 #[macro_export]
 macro_rules! sock_state_fields {
     ($($then:ident)::+) => {
@@ -108,19 +209,132 @@ macro_rules! sock_state_fields {
             TP_SKADDR: skaddr,
             TP_OLDSTATE: oldstate,
             TP_NEWSTATE: newstate,
-            TP_SPORT: sport,
-            TP_DPORT: dport,
-            TP_FAMILY: family,
             TP_PROTOCOL: protocol,
-            TP_SADDR: saddr,
-            TP_DADDR: daddr,
-            TP_SADDR_V6: saddr_v6,
-            TP_DADDR_V6: daddr_v6,
         }
     };
 }
 pub const STATE_FIELDS: &[FieldOffset] = &sock_state_fields!(crate::field_table);
+/// Bytes read of each [`STATE_FIELDS`] entry, in its order.
+pub const STATE_FIELD_SIZES: [u32; 4] = [8, 4, 4, 2];
+pub const RECORD_WINDOW: usize = 40;
 
+/// Which end of a connection a watched process is.
+pub const SIDE_ACTIVE: u8 = 1;
+pub const SIDE_PASSIVE: u8 = 2;
+
+/// What the kernel keeps per watched socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrackedSocket {
+    /// The process whose link the socket counts on: the one that opened it
+    /// (or first touched it, for a socket older than stackprobe).
+    pub owner: u32,
+    /// The watched process whose close sent the first FIN, 0 until then:
+    /// the socket's TIME_WAIT is its.
+    pub closer: u32,
+    /// [`SIDE_ACTIVE`] or [`SIDE_PASSIVE`].
+    pub side: u8,
+    pub _pad: [u8; 3],
+}
+
+crate::assert_layout!(TrackedSocket, 12, { owner: 0, closer: 4, side: 8, _pad: 9 });
+
+/// Per-CPU counts per link: `LinkKey` → `LinkCounts`.
+pub const LINKS_MAP: &str = "LINKS";
+pub const LINKS_MAX_ENTRIES: u32 = 16384;
+
+/// A link as the kernel counts it: the owner's tgid (0: unknown, for
+/// TIME_WAIT sockets whose closer is not known), its side, and the other
+/// end — the remote address and port for an active link; the local address
+/// and port and the remote address for a passive one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LinkKey {
+    pub owner: u32,
+    pub side: u8,
+    pub _pad: u8,
+    pub family: u16,
+    /// Host byte order.
+    pub port: u16,
+    pub _pad2: u16,
+    /// Addresses: IPv4 in the first 4 bytes, IPv6 in all 16.
+    pub addr: [u8; 16],
+    /// Passive links: the remote address; zeros for active ones.
+    pub peer_ip: [u8; 16],
+}
+
+crate::assert_layout!(LinkKey, 44, {
+    owner: 0,
+    side: 4,
+    _pad: 5,
+    family: 6,
+    port: 8,
+    _pad2: 10,
+    addr: 12,
+    peer_ip: 28,
+});
+
+/// Counts since load, on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkCounts {
+    pub opens: u64,
+    pub closes: u64,
+    /// Closes without the FIN handshake: reset, refused, aborted.
+    pub aborts: u64,
+    /// Sockets of a known closer that went into TIME_WAIT (FIN_WAIT2 or
+    /// CLOSING → CLOSE: the kernel has just made their timewait socket),
+    /// counted on the closer's link.
+    pub new_time_wait: u64,
+}
+
+crate::assert_layout!(LinkCounts, 32, {
+    opens: 0,
+    closes: 8,
+    aborts: 16,
+    new_time_wait: 24,
+});
+
+/// Map from a TIME_WAIT socket's 4-tuple to who closed first. A timewait
+/// socket is a new object: its 4-tuple (the same `sock_common` members) is
+/// what the iterator can find it by.
+pub const TW_CLOSERS_MAP: &str = "TW_CLOSERS";
+pub const TW_CLOSERS_MAX_ENTRIES: u32 = 131072;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tuple {
+    pub family: u16,
+    /// Host byte order.
+    pub lport: u16,
+    /// Network byte order (as the kernel keeps it).
+    pub rport_be: u16,
+    pub _pad: u16,
+    pub laddr: [u8; 16],
+    pub raddr: [u8; 16],
+}
+
+crate::assert_layout!(Tuple, 40, {
+    family: 0,
+    lport: 2,
+    rport_be: 4,
+    _pad: 6,
+    laddr: 8,
+    raddr: 24,
+});
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Closer {
+    pub owner: u32,
+    pub side: u8,
+    pub _pad: [u8; 3],
+}
+
+crate::assert_layout!(Closer, 8, { owner: 0, side: 4, _pad: 5 });
+
+/// A listening socket of a watched process opened or closed: the rare TCP
+/// changes that still go through the ring buffer.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TcpStateEvent {
@@ -169,4 +383,9 @@ crate::assert_layout!(TcpStateEvent, 80, {
 #[cfg(feature = "user")]
 mod user_state {
     unsafe impl aya::Pod for super::TcpStateEvent {}
+    unsafe impl aya::Pod for super::IterConfig {}
+    unsafe impl aya::Pod for super::TwCount {}
+    unsafe impl aya::Pod for super::TrackedSocket {}
+    unsafe impl aya::Pod for super::LinkKey {}
+    unsafe impl aya::Pod for super::LinkCounts {}
 }

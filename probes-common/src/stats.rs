@@ -50,6 +50,13 @@ stats! {
     /// When a connection's handshake completed could not be recorded, so
     /// its accept-queue wait is unknown.
     HandshakeInsertFailed = 10,
+    /// A link's open, close or new TIME_WAIT could not be counted: the
+    /// kernel's map of links was full.
+    LinkMapFull = 11,
+    /// A TIME_WAIT socket's closer could not be recorded, or a link's
+    /// TIME_WAIT sockets could not be counted by the iterator (its map was
+    /// full): those sockets show as of an unknown closer, or not at all.
+    TimeWaitMapFull = 12,
 }
 
 /// Entries in the per-CPU counter array: one per [`Stat`].
@@ -74,9 +81,9 @@ mod tests {
 
     #[test]
     fn every_counter_has_its_own_slot_in_the_array() {
-        assert_eq!(STAT_COUNT, 11);
+        assert_eq!(STAT_COUNT, 13);
         assert_eq!(Stat::ALL.first(), Some(&Stat::AcceptSlotShared));
-        assert_eq!(Stat::ALL.last(), Some(&Stat::HandshakeInsertFailed));
+        assert_eq!(Stat::ALL.last(), Some(&Stat::TimeWaitMapFull));
         assert!(Stat::ALL.iter().all(|&s| (s as u32) < STAT_COUNT));
     }
 }

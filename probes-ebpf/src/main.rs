@@ -9,6 +9,7 @@ mod accept;
 mod attach_check;
 mod fork;
 mod sock;
+mod tcp_state;
 mod watch;
 
 // What the probes share: state that crosses probes (slots, watch_set,
@@ -21,6 +22,7 @@ mod hist;
 mod memory;
 mod offsets;
 mod slots;
+mod tcp_links;
 mod watch_set;
 
 // SAFETY: the loader reads the object's license, a NUL-terminated string,

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     EbpfContext as _, Global,
-    helpers::{bpf_probe_read_kernel, bpf_probe_read_user},
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf, bpf_probe_read_user},
     programs::TracePointContext,
 };
 
@@ -37,6 +37,16 @@ pub fn kernel<T: Bits>(at: u64) -> Option<T> {
     // kernel's fault-handling accessor, failing on a bad address; T: Bits,
     // so those bytes are a valid T.
     unsafe { bpf_probe_read_kernel(at as *const T) }.ok()
+}
+
+/// Copies the bytes at kernel address `at` into `buf`, in place (no copy of
+/// the copy on the stack); false if the read fails.
+#[inline(always)]
+pub fn kernel_into(at: u64, buf: &mut [u8]) -> bool {
+    // SAFETY: the helper writes at most buf.len() bytes into `buf` through
+    // the kernel's fault-handling accessor, failing on a bad address; any
+    // bytes are valid u8s.
+    unsafe { bpf_probe_read_kernel_buf(at as *const u8, buf) }.is_ok()
 }
 
 /// The `T` at user address `at` in the current task, None if the read

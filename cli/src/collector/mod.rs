@@ -150,7 +150,8 @@ impl Collector {
     fn report<T>(&mut self, kind: ReportKind, sink: impl FnOnce(&Frame) -> Result<T>) -> Result<T> {
         self.drain()?;
         self.refresh()?;
-        self.observe_sockets()?;
+        // The summary's TIME_WAIT is from a walk at its end.
+        self.look_at_sockets(kind == ReportKind::Summary)?;
         let now = Instant::now();
         let interval = now - self.last_tick;
         let elapsed = now - self.start;
@@ -197,11 +198,26 @@ impl Collector {
         Ok(())
     }
 
-    /// Looks at every TCP socket: listeners, their owners and backlogs,
-    /// TIME_WAIT per link.
+    /// Looks at every TCP socket: links' counts, listeners, their owners
+    /// and backlogs, TIME_WAIT per link.
     pub fn observe_sockets(&mut self) -> Result<()> {
-        let snapshot = self.sockets.snapshot(&mut self.probes, &self.table)?;
+        self.look_at_sockets(true)
+    }
+
+    /// Takes in the links' counts; walks the sockets if `force_walk` or
+    /// when due (less often when they are many).
+    fn look_at_sockets(&mut self, force_walk: bool) -> Result<()> {
+        let snapshot = self
+            .sockets
+            .snapshot(&mut self.probes, &self.table, force_walk)?;
         self.table.links.observe_snapshot(snapshot);
+        // Links of exited processes that stopped counting: forgotten in the
+        // kernel, so short-lived owners leave no keys behind.
+        let table = &self.table;
+        let gone = table.links.forgettable(|pid| table.get(pid).is_some());
+        if !gone.is_empty() {
+            self.probes.forget_tcp_links(&gone)?;
+        }
         Ok(())
     }
 

@@ -2,29 +2,38 @@
 //! the service on the other end): opens, closes, aborts, and TIME_WAIT
 //! sockets now and new, attributed to the process that closed first.
 //!
-//! State changes come from the `tcp_state` probe; TIME_WAIT sockets (which
-//! that probe never sees) from the TCP iterator's snapshots, joined by
-//! 4-tuple to the process whose close put the socket into FIN_WAIT1. A
-//! TIME_WAIT socket whose closer is unknown (it closed before stackprobe
+//! The kernel counts them (probes-ebpf/src/tcp_links.rs): opens, closes,
+//! aborts and new TIME_WAIT per (owner tgid, side, other end) from the state
+//! changes, and TIME_WAIT sockets now per link in the iterator's snapshots,
+//! each joined by 4-tuple to the process whose close put it into FIN_WAIT1.
+//! A TIME_WAIT socket whose closer is unknown (it closed before stackprobe
 //! started, or an unwatched process closed it) is counted as unknown on its
 //! watched listener's link (either end, when both are on this host), and
-//! never guessed.
+//! never guessed. This table turns the kernel's running totals into what
+//! changed, names each owner by its role and formats each link once.
 
 use std::{
     collections::{BTreeMap, HashMap},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
 };
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use super::{
     counter::Counter,
-    event::TcpStateSample,
     sockets::{TcpSock, TcpState},
 };
 
 /// At most this many link rows; further links merge into one per process.
 pub const MAX_LINKS: usize = 4096;
+
+/// A process's role is remembered this many reads after its last link
+/// counted: a close may reach TIME_WAIT well after its closer exited.
+const ROLE_MEMORY: u64 = 64;
+
+/// A kernel link whose owner exited is forgotten (in the kernel too) after
+/// this many reads without a change.
+const QUIET_READS: u32 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Side {
@@ -45,13 +54,63 @@ pub struct LinkKey {
     pub peer: String,
 }
 
-impl LinkKey {
-    fn new(owner: Owner, side: Side, local: SocketAddr, remote: SocketAddr) -> Self {
-        let peer = match side {
-            Side::Active => format!("→ {remote}"),
-            Side::Passive => format!("{local} ← {}", remote.ip()),
-        };
-        Self { owner, side, peer }
+/// The other end of a link as the kernel keys it: the remote address for an
+/// active link; the local address and the remote IP for a passive one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub side: Side,
+    pub addr: SocketAddr,
+    /// Passive links: the remote address.
+    pub peer_ip: Option<IpAddr>,
+}
+
+impl Peer {
+    fn format(&self) -> String {
+        match (self.side, self.peer_ip) {
+            (Side::Passive, Some(ip)) => format!("{} ← {ip}", self.addr),
+            _ => format!("→ {}", self.addr),
+        }
+    }
+}
+
+/// A link as the kernel counts it: the owner's tgid (0: unknown) and the
+/// other end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelLink {
+    pub owner: u32,
+    pub peer: Peer,
+}
+
+/// A kernel link's counts since the probes loaded (summed over CPUs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkTotals {
+    pub opens: u64,
+    pub closes: u64,
+    pub aborts: u64,
+    pub new_time_wait: u64,
+}
+
+impl LinkTotals {
+    /// What grew since `earlier`; everything, if a count went down (the key
+    /// was forgotten and counts from 0 again).
+    fn since(&self, earlier: &LinkTotals) -> LinkTotals {
+        let went_down = self.opens < earlier.opens
+            || self.closes < earlier.closes
+            || self.aborts < earlier.aborts
+            || self.new_time_wait < earlier.new_time_wait;
+        if went_down {
+            return *self;
+        }
+        LinkTotals {
+            opens: self.opens - earlier.opens,
+            closes: self.closes - earlier.closes,
+            aborts: self.aborts - earlier.aborts,
+            new_time_wait: self.new_time_wait - earlier.new_time_wait,
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        *self == LinkTotals::default()
     }
 }
 
@@ -64,14 +123,9 @@ pub struct LinkStats {
     pub aborts: Counter,
     /// TIME_WAIT sockets now (from the last snapshot).
     pub time_wait: u64,
-    /// TIME_WAIT sockets that appeared since the previous snapshot.
+    /// Sockets that went into TIME_WAIT.
     pub new_time_wait: Counter,
 }
-
-/// Keyed by 4-tuple in hash maps with a fast hasher: a snapshot hashes every
-/// TIME_WAIT socket on the machine (tens of thousands under load), and
-/// SipHash was a tenth of stackprobe's CPU there.
-type Tuple = (SocketAddr, SocketAddr);
 
 /// A listening socket of a watched process, from the last snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,39 +161,59 @@ impl KernelCounters {
     }
 }
 
+/// What the kernel's running totals were at the last read, per kernel link.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    totals: LinkTotals,
+    /// Reads in a row that found no change.
+    quiet: u32,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct LinkTable {
     links: BTreeMap<LinkKey, LinkStats>,
-    /// Sockets' sides and owners' roles, learned when they opened (and
-    /// dropped when they close): a socket stays on its link even after its
-    /// owner exits.
-    sides: FxHashMap<Tuple, (Side, String)>,
-    /// Who closed first, by 4-tuple: kept while the socket may be or is in
-    /// TIME_WAIT. The snapshot number it was learned in, to expire it.
-    closers: FxHashMap<Tuple, (String, Side, u64)>,
-    /// Attributed TIME_WAIT sockets in the last snapshot.
-    time_wait: FxHashSet<Tuple>,
-    snapshots: u64,
-    /// Watched listeners: port → owner.
-    listeners: HashMap<u16, u32>,
+    /// The kernel's totals at the last read.
+    seen: FxHashMap<KernelLink, Seen>,
+    /// Each link's text, formatted once.
+    peers: FxHashMap<Peer, String>,
+    /// Owners' roles, with the read they last counted in: kept after a
+    /// process exits, since its sockets count on (a socket stays on its
+    /// link even after its owner exits).
+    roles: FxHashMap<u32, (String, u64)>,
+    reads: u64,
     /// Watched processes' listening sockets, from the last snapshot.
     listening: Vec<Listener>,
     /// Kernel counters at the start, at the start of the interval, and now.
     counters: Option<(KernelCounters, KernelCounters, KernelCounters)>,
     /// Ephemeral ports (ip_local_port_range), when readable.
     ephemeral_ports: Option<u32>,
-    /// Sockets in the last snapshot, and how long taking it took (iterator,
-    /// /proc scans and bookkeeping), in µs.
+    /// Sockets the last snapshot walked, and how long taking it took
+    /// (iterator, /proc scans and bookkeeping), in µs.
     last_snapshot: (usize, u64),
 }
 
-/// What one look at the machine's TCP sockets found: every socket, which
-/// watched process owns each listening port, and the machine's counters.
+/// One walk of the machine's TCP sockets: the listeners (with the watched
+/// process owning each port) and the TIME_WAIT sockets per link.
 #[derive(Clone, Debug, Default)]
-pub struct SocketSnapshot {
-    pub sockets: Vec<TcpSock>,
+pub struct Walk {
+    pub listeners: Vec<TcpSock>,
     /// Listening port → the watched process that owns the socket.
     pub owners: HashMap<u16, u32>,
+    /// TIME_WAIT sockets now per kernel link.
+    pub time_wait: Vec<(KernelLink, u64)>,
+    /// Sockets walked.
+    pub sockets: usize,
+}
+
+/// What one look at the kernel found: the links' running totals, maybe a
+/// walk of the sockets (not every time when they are many), and the
+/// machine's counters.
+#[derive(Clone, Debug, Default)]
+pub struct SocketSnapshot {
+    pub links: Vec<(KernelLink, LinkTotals)>,
+    pub walk: Option<Walk>,
+    /// Roles of the live processes owning links now.
+    pub roles: HashMap<u32, String>,
     pub counters: KernelCounters,
     /// Ephemeral ports (ip_local_port_range), when readable.
     pub ephemeral_ports: Option<u32>,
@@ -147,33 +221,49 @@ pub struct SocketSnapshot {
     pub took_us: u64,
 }
 
-fn is_abort(old: TcpState, new: TcpState) -> bool {
-    use TcpState::*;
-    new == Close && matches!(old, Established | SynSent | SynRecv | CloseWait | FinWait1)
-}
-
 impl LinkTable {
-    /// Takes in a snapshot: the watched listeners and their backlogs,
-    /// TIME_WAIT sockets per link, the kernel's counters.
+    /// Takes in a look at the kernel: what each link gained since the last
+    /// one and, with a walk, the watched listeners and their backlogs and
+    /// TIME_WAIT sockets per link; the kernel's counters.
     pub fn observe_snapshot(&mut self, snapshot: SocketSnapshot) {
-        self.listening = snapshot
-            .sockets
-            .iter()
-            .filter(|s| s.state == TcpState::Listen)
-            .filter_map(|s| {
-                Some(Listener {
-                    owner: *snapshot.owners.get(&s.local.port())?,
-                    local: s.local,
-                    backlog: s.backlog,
-                    max_backlog: s.max_backlog,
+        self.reads += 1;
+        for (&pid, role) in &snapshot.roles {
+            self.roles.insert(pid, (role.clone(), self.reads));
+        }
+        self.add_totals(&snapshot.links);
+        if let Some(walk) = snapshot.walk {
+            self.listening = walk
+                .listeners
+                .iter()
+                .filter(|s| s.state == TcpState::Listen)
+                .filter_map(|s| {
+                    Some(Listener {
+                        owner: *walk.owners.get(&s.local.port())?,
+                        local: s.local,
+                        backlog: s.backlog,
+                        max_backlog: s.max_backlog,
+                    })
                 })
-            })
-            .collect();
-        self.set_listeners(snapshot.owners);
-        self.observe(&snapshot.sockets);
+                .collect();
+            self.set_time_wait(&walk.time_wait);
+            self.last_snapshot = (walk.sockets, snapshot.took_us);
+        }
         self.set_counters(snapshot.counters);
         self.ephemeral_ports = snapshot.ephemeral_ports;
-        self.last_snapshot = (snapshot.sockets.len(), snapshot.took_us);
+        let owners: rustc_hash::FxHashSet<u32> = self.seen.keys().map(|k| k.owner).collect();
+        let reads = self.reads;
+        self.roles
+            .retain(|pid, (_, last)| *last + ROLE_MEMORY > reads || owners.contains(pid));
+        if self.peers.len() > 4 * MAX_LINKS {
+            // Texts of links gone long ago: formatted again if they return.
+            self.peers.clear();
+        }
+    }
+
+    /// Remembers the role of a process that exited, for its links that
+    /// count on.
+    pub fn remember_role(&mut self, pid: u32, role: String) {
+        self.roles.insert(pid, (role, self.reads));
     }
 
     /// Watched processes' listening sockets, from the last snapshot.
@@ -196,15 +286,26 @@ impl LinkTable {
         self.last_snapshot
     }
 
-    /// Watched processes' listening ports (their connections are passive).
-    fn set_listeners(&mut self, listeners: HashMap<u16, u32>) {
-        self.listeners = listeners;
-    }
-
-    fn side_of(&self, owner: u32, local: SocketAddr) -> Side {
-        match self.listeners.get(&local.port()) {
-            Some(&p) if p == owner => Side::Passive,
-            _ => Side::Active,
+    /// The row of `link`: its owner's role and its text, formatted once.
+    fn key(&mut self, link: &KernelLink) -> LinkKey {
+        let owner = (link.owner != 0).then(|| {
+            self.roles
+                .get_mut(&link.owner)
+                .map(|(role, last)| {
+                    *last = self.reads;
+                    role.clone()
+                })
+                .unwrap_or_else(|| format!("[{}]", link.owner))
+        });
+        let peer = self
+            .peers
+            .entry(link.peer)
+            .or_insert_with(|| link.peer.format())
+            .clone();
+        LinkKey {
+            owner,
+            side: link.peer.side,
+            peer,
         }
     }
 
@@ -221,105 +322,56 @@ impl LinkTable {
         self.links.entry(key).or_default()
     }
 
-    /// Records a state change of a socket owned by `s.owner`, whose role is
-    /// `owner`.
-    pub fn record_state(&mut self, s: &TcpStateSample, owner: &str) {
-        use TcpState::*;
-        let tuple = (s.local, s.remote);
-        if s.new == Listen || s.old == Listen {
-            return;
-        }
-        // Learn the side at the open; a socket seen first mid-life gets it
-        // from whether its port is one of its owner's listeners.
-        let (side, link_owner) = match (s.old, s.new) {
-            (Close, SynSent) | (SynSent, Established) => (Side::Active, owner.to_string()),
-            (SynRecv, Established) => (Side::Passive, owner.to_string()),
-            _ => self
-                .sides
-                .get(&tuple)
-                .cloned()
-                .unwrap_or_else(|| (self.side_of(s.owner, s.local), owner.to_string())),
-        };
-        let key = LinkKey::new(Some(link_owner.clone()), side, s.local, s.remote);
-        match (s.old, s.new) {
-            // connect(): the local port is not chosen yet (the record says
-            // 0), so the socket is remembered once it is established.
-            (Close, SynSent) => self.stats(key).opens.bump(),
-            (SynSent, Established) => {
-                self.sides.insert(tuple, (side, link_owner));
-            }
-            (SynRecv, Established) => {
-                self.sides.insert(tuple, (side, link_owner));
-                self.stats(key).opens.bump();
-            }
-            // The owner closed first: its socket will be in TIME_WAIT.
-            // The owner's own close: TIME_WAIT will be on this side, and
-            // belongs to the process that closed (a forking server's child),
-            // whoever opened it.
-            (_, FinWait1) if s.by_owner => {
-                self.closers
-                    .insert(tuple, (owner.to_string(), side, self.snapshots));
-            }
-            (old, Close) => {
-                self.sides.remove(&tuple);
+    /// Adds what each kernel link gained since the last read. A link
+    /// missing from `now` was forgotten in the kernel.
+    fn add_totals(&mut self, now: &[(KernelLink, LinkTotals)]) {
+        let mut seen = FxHashMap::default();
+        seen.reserve(now.len());
+        for (link, totals) in now {
+            let before = self.seen.get(link);
+            let delta = totals.since(&before.map(|s| s.totals).unwrap_or_default());
+            let quiet = if delta.is_zero() {
+                before.map_or(0, |s| s.quiet) + 1
+            } else {
+                let key = self.key(link);
                 let stats = self.stats(key);
-                stats.closes.bump();
-                if is_abort(old, Close) {
-                    stats.aborts.bump();
-                }
-            }
-            _ => {}
+                stats.opens.add(delta.opens);
+                stats.closes.add(delta.closes);
+                stats.aborts.add(delta.aborts);
+                stats.new_time_wait.add(delta.new_time_wait);
+                0
+            };
+            seen.insert(
+                *link,
+                Seen {
+                    totals: *totals,
+                    quiet,
+                },
+            );
         }
+        self.seen = seen;
     }
 
-    /// Counts TIME_WAIT sockets per link in a snapshot of every TCP socket,
-    /// now and new since the last snapshot.
-    fn observe(&mut self, sockets: &[TcpSock]) {
-        self.snapshots += 1;
-        let now: FxHashSet<Tuple> = sockets
+    /// Kernel links whose owner is gone (`alive` says no) and that have not
+    /// changed for a while: the collector removes them from the kernel's
+    /// map, so a forking server's short-lived children leave no keys behind.
+    pub fn forgettable(&self, alive: impl Fn(u32) -> bool) -> Vec<KernelLink> {
+        self.seen
             .iter()
-            .filter(|s| s.state == TcpState::TimeWait)
-            .map(|s| (s.local, s.remote))
-            .collect();
+            .filter(|(link, s)| s.quiet >= QUIET_READS && !alive(link.owner))
+            .map(|(link, _)| *link)
+            .collect()
+    }
+
+    /// Sets the TIME_WAIT sockets now per link.
+    fn set_time_wait(&mut self, counts: &[(KernelLink, u64)]) {
         for stats in self.links.values_mut() {
             stats.time_wait = 0;
         }
-        // Attributed TIME_WAIT sockets: a socket counts as new once, under
-        // its closer, even if its close event arrived after the snapshot that
-        // first showed it (it is then unknown for one snapshot).
-        let mut attributed = FxHashSet::default();
-        for &tuple in &now {
-            let key = match self.closers.get(&tuple) {
-                Some((owner, side, _)) => {
-                    attributed.insert(tuple);
-                    LinkKey::new(Some(owner.clone()), *side, tuple.0, tuple.1)
-                }
-                // Not known to be ours unless a watched listener's port.
-                None if self.listeners.contains_key(&tuple.0.port()) => {
-                    LinkKey::new(None, Side::Passive, tuple.0, tuple.1)
-                }
-                // Or a connection to a watched listener on this host (the
-                // remote end is this machine: loopback, or our own address).
-                None if self.listeners.contains_key(&tuple.1.port())
-                    && (tuple.1.ip().is_loopback() || tuple.1.ip() == tuple.0.ip()) =>
-                {
-                    LinkKey::new(None, Side::Active, tuple.0, tuple.1)
-                }
-                None => continue,
-            };
-            let fresh = key.owner.is_some() && !self.time_wait.contains(&tuple);
-            let stats = self.stats(key);
-            stats.time_wait += 1;
-            if fresh {
-                stats.new_time_wait.bump();
-            }
+        for (link, n) in counts {
+            let key = self.key(link);
+            self.stats(key).time_wait += n;
         }
-        // A closer is kept while its socket is in TIME_WAIT, or for one more
-        // snapshot while it may still be in FIN_WAIT.
-        let snapshots = self.snapshots;
-        self.closers
-            .retain(|tuple, (_, _, seen)| now.contains(tuple) || *seen + 1 >= snapshots);
-        self.time_wait = attributed;
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&LinkKey, &LinkStats)> {
@@ -356,10 +408,10 @@ impl LinkTable {
         }
     }
 
-    /// Remembered tuples (sides and closers): bounded by live connections and
-    /// TIME_WAIT sockets.
+    /// Remembered kernel links, link texts and roles: bounded by the links
+    /// the kernel counts and the processes owning them.
     pub fn remembered(&self) -> usize {
-        self.sides.len() + self.closers.len()
+        self.seen.len() + self.peers.len() + self.roles.len()
     }
 }
 
@@ -370,103 +422,59 @@ mod tests {
     const CLIENT: u32 = 10;
     const SERVER: u32 = 20;
 
-    fn label(owner: u32) -> &'static str {
-        if owner == CLIENT { "client" } else { "server" }
-    }
-
-    fn record(t: &mut LinkTable, s: TcpStateSample) {
-        let owner = label(s.owner);
-        t.record_state(&s, owner);
-    }
-
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
     }
 
-    fn change(
-        owner: u32,
-        old: TcpState,
-        new: TcpState,
-        by_owner: bool,
-        local: &str,
-        remote: &str,
-    ) -> TcpStateSample {
-        TcpStateSample {
+    fn active(owner: u32, remote: &str) -> KernelLink {
+        KernelLink {
             owner,
-            comm: None,
-            old,
-            new,
-            by_owner,
-            local: addr(local),
-            remote: addr(remote),
-            ts_ns: 0,
+            peer: Peer {
+                side: Side::Active,
+                addr: addr(remote),
+                peer_ip: None,
+            },
         }
     }
 
-    fn time_wait(local: &str, remote: &str) -> TcpSock {
-        TcpSock {
-            state: TcpState::TimeWait,
-            local: addr(local),
-            remote: addr(remote),
-            ino: 0,
-            backlog: 0,
-            max_backlog: 0,
+    fn passive(owner: u32, local: &str, remote_ip: &str) -> KernelLink {
+        KernelLink {
+            owner,
+            peer: Peer {
+                side: Side::Passive,
+                addr: addr(local),
+                peer_ip: Some(remote_ip.parse().unwrap()),
+            },
         }
     }
 
-    /// A connection from the client's port `p` to the server's :80, its
-    /// open seen on both sides, closed first by `closer`.
-    fn connection(t: &mut LinkTable, p: u16, closer: u32) {
-        use TcpState::*;
-        let (c, s) = (format!("127.0.0.1:{p}"), "127.0.0.1:80".to_string());
-        // As the kernel reports it: connect() has not picked the port yet.
-        record(t, change(CLIENT, Close, SynSent, true, "127.0.0.1:0", &s));
-        record(t, change(CLIENT, SynSent, Established, false, &c, &s));
-        record(t, change(SERVER, SynRecv, Established, false, &s, &c));
-        let (first, first_local, first_remote, other, other_local, other_remote) =
-            if closer == CLIENT {
-                (CLIENT, &c, &s, SERVER, &s, &c)
-            } else {
-                (SERVER, &s, &c, CLIENT, &c, &s)
-            };
-        record(
-            t,
-            change(
-                first,
-                Established,
-                FinWait1,
-                true,
-                first_local,
-                first_remote,
-            ),
-        );
-        record(
-            t,
-            change(first, FinWait1, FinWait2, false, first_local, first_remote),
-        );
-        record(
-            t,
-            change(
-                other,
-                Established,
-                CloseWait,
-                false,
-                other_local,
-                other_remote,
-            ),
-        );
-        record(
-            t,
-            change(other, CloseWait, LastAck, true, other_local, other_remote),
-        );
-        record(
-            t,
-            change(other, LastAck, Close, false, other_local, other_remote),
-        );
-        record(
-            t,
-            change(first, FinWait2, Close, false, first_local, first_remote),
-        );
+    fn totals(opens: u64, closes: u64, aborts: u64, new_time_wait: u64) -> LinkTotals {
+        LinkTotals {
+            opens,
+            closes,
+            aborts,
+            new_time_wait,
+        }
+    }
+
+    fn roles() -> HashMap<u32, String> {
+        HashMap::from([(CLIENT, "client".into()), (SERVER, "server".into())])
+    }
+
+    /// A read of the kernel's totals, with a walk finding `time_wait`.
+    fn read(
+        links: Vec<(KernelLink, LinkTotals)>,
+        time_wait: Option<Vec<(KernelLink, u64)>>,
+    ) -> SocketSnapshot {
+        SocketSnapshot {
+            links,
+            walk: time_wait.map(|time_wait| Walk {
+                time_wait,
+                ..Walk::default()
+            }),
+            roles: roles(),
+            ..SocketSnapshot::default()
+        }
     }
 
     fn row<'a>(t: &'a LinkTable, owner: Option<&str>, peer: &str) -> &'a LinkStats {
@@ -479,103 +487,123 @@ mod tests {
     #[test]
     fn time_wait_goes_to_the_process_that_closed_first() {
         let mut t = LinkTable::default();
-        t.set_listeners(HashMap::from([(80, SERVER)]));
-        for p in 40000..40005 {
-            connection(&mut t, p, CLIENT);
-        }
-        let snapshot: Vec<TcpSock> = (40000..40005)
-            .map(|p| time_wait(&format!("127.0.0.1:{p}"), "127.0.0.1:80"))
-            .collect();
-        t.observe(&snapshot);
-        let client = row(&t, Some("client"), "→ 127.0.0.1:80");
-        assert_eq!((client.time_wait, client.new_time_wait.interval), (5, 5));
-        assert_eq!(
-            (client.opens.total, client.closes.total, client.aborts.total),
-            (5, 5, 0)
-        );
-        let server = row(&t, Some("server"), "127.0.0.1:80 ← 127.0.0.1");
-        assert_eq!(
-            (server.time_wait, server.opens.total, server.closes.total),
-            (0, 5, 5)
-        );
+        // Five connections the client opened and closed first, as the
+        // kernel counts them: each end's opens and closes on its own link,
+        // the TIME_WAIT on the closer's.
+        let client = active(CLIENT, "127.0.0.1:80");
+        let server = passive(SERVER, "127.0.0.1:80", "127.0.0.1");
+        let links = vec![(client, totals(5, 5, 0, 5)), (server, totals(5, 5, 0, 0))];
+        t.observe_snapshot(read(links.clone(), Some(vec![(client, 5)])));
+        let c = row(&t, Some("client"), "→ 127.0.0.1:80");
+        assert_eq!((c.time_wait, c.new_time_wait.interval), (5, 5));
+        assert_eq!((c.opens.total, c.closes.total, c.aborts.total), (5, 5, 0));
+        let s = row(&t, Some("server"), "127.0.0.1:80 ← 127.0.0.1");
+        assert_eq!((s.time_wait, s.opens.total, s.closes.total), (0, 5, 5));
         // Still there at the next snapshot: not new any more.
         t.reset_interval();
-        t.observe(&snapshot);
-        assert_eq!(
-            row(&t, Some("client"), "→ 127.0.0.1:80")
-                .new_time_wait
-                .interval,
-            0
-        );
-        assert_eq!(row(&t, Some("client"), "→ 127.0.0.1:80").time_wait, 5);
+        t.observe_snapshot(read(links, Some(vec![(client, 5)])));
+        let c = row(&t, Some("client"), "→ 127.0.0.1:80");
+        assert_eq!((c.time_wait, c.new_time_wait.interval), (5, 0));
+        assert_eq!(c.new_time_wait.total, 5);
+    }
+
+    #[test]
+    fn only_what_grew_since_the_last_read_counts() {
+        let mut t = LinkTable::default();
+        let c = active(CLIENT, "127.0.0.1:80");
+        t.observe_snapshot(read(vec![(c, totals(3, 1, 0, 1))], None));
+        t.reset_interval();
+        t.observe_snapshot(read(vec![(c, totals(7, 4, 1, 2))], None));
+        let r = row(&t, Some("client"), "→ 127.0.0.1:80");
+        assert_eq!((r.opens.interval, r.opens.total), (4, 7));
+        assert_eq!((r.closes.interval, r.aborts.interval), (3, 1));
+        assert_eq!((r.new_time_wait.interval, r.new_time_wait.total), (1, 2));
+        // Forgotten in the kernel, then counting from 0 again: all of it is new.
+        t.observe_snapshot(read(vec![], None));
+        t.observe_snapshot(read(vec![(c, totals(2, 0, 0, 0))], None));
+        assert_eq!(row(&t, Some("client"), "→ 127.0.0.1:80").opens.total, 9);
+        // Without a walk, TIME_WAIT now stays as the last walk found it.
+        t.observe_snapshot(read(vec![(c, totals(2, 0, 0, 0))], Some(vec![(c, 4)])));
+        t.observe_snapshot(read(vec![(c, totals(2, 0, 0, 0))], None));
+        assert_eq!(row(&t, Some("client"), "→ 127.0.0.1:80").time_wait, 4);
     }
 
     #[test]
     fn a_server_that_closes_first_owns_the_time_wait() {
         let mut t = LinkTable::default();
-        t.set_listeners(HashMap::from([(80, SERVER)]));
-        for p in 41000..41003 {
-            connection(&mut t, p, SERVER);
-        }
-        let snapshot: Vec<TcpSock> = (41000..41003)
-            .map(|p| time_wait("127.0.0.1:80", &format!("127.0.0.1:{p}")))
-            .collect();
-        t.observe(&snapshot);
-        assert_eq!(
-            row(&t, Some("server"), "127.0.0.1:80 ← 127.0.0.1").time_wait,
-            3
-        );
+        let server = passive(SERVER, "127.0.0.1:80", "127.0.0.1");
+        let links = vec![
+            (active(CLIENT, "127.0.0.1:80"), totals(3, 3, 0, 0)),
+            (server, totals(3, 3, 0, 3)),
+        ];
+        t.observe_snapshot(read(links, Some(vec![(server, 3)])));
+        let s = row(&t, Some("server"), "127.0.0.1:80 ← 127.0.0.1");
+        assert_eq!((s.time_wait, s.new_time_wait.total), (3, 3));
         assert_eq!(row(&t, Some("client"), "→ 127.0.0.1:80").time_wait, 0);
     }
 
     #[test]
-    fn a_close_seen_after_the_snapshot_still_counts_once_as_new() {
-        use TcpState::*;
+    fn unknown_closers_are_unknown() {
         let mut t = LinkTable::default();
-        t.set_listeners(HashMap::from([(80, SERVER)]));
-        let tw = [time_wait("127.0.0.1:80", "127.0.0.1:5000")];
-        // The snapshot sees the TIME_WAIT socket before its close event.
-        t.observe(&tw);
-        assert_eq!(
-            row(&t, None, "127.0.0.1:80 ← 127.0.0.1")
-                .new_time_wait
-                .total,
-            0
-        );
-        record(
-            &mut t,
-            change(
-                SERVER,
-                Established,
-                FinWait1,
-                true,
-                "127.0.0.1:80",
-                "127.0.0.1:5000",
-            ),
-        );
-        t.observe(&tw);
-        t.observe(&tw);
-        let server = row(&t, Some("server"), "127.0.0.1:80 ← 127.0.0.1");
-        assert_eq!((server.time_wait, server.new_time_wait.total), (1, 1));
-    }
-
-    #[test]
-    fn unknown_closers_are_unknown_and_unrelated_sockets_ignored() {
-        let mut t = LinkTable::default();
-        t.set_listeners(HashMap::from([(80, SERVER)]));
-        t.observe(&[
-            time_wait("127.0.0.1:80", "127.0.0.1:5000"),
-            time_wait("127.0.0.1:5001", "127.0.0.1:80"),
-            time_wait("10.0.0.1:5002", "10.0.0.1:80"),
-            time_wait("10.0.0.1:9999", "10.0.0.2:1234"),
-            // Port 80 on another host is not our listener.
-            time_wait("10.0.0.1:5003", "10.0.0.2:80"),
-        ]);
-        let unknown = row(&t, None, "127.0.0.1:80 ← 127.0.0.1");
-        assert_eq!(unknown.time_wait, 1);
+        t.observe_snapshot(read(
+            vec![],
+            Some(vec![
+                (passive(0, "127.0.0.1:80", "127.0.0.1"), 1),
+                (active(0, "127.0.0.1:80"), 1),
+                (active(0, "10.0.0.1:80"), 1),
+            ]),
+        ));
+        assert_eq!(row(&t, None, "127.0.0.1:80 ← 127.0.0.1").time_wait, 1);
         assert_eq!(row(&t, None, "→ 127.0.0.1:80").time_wait, 1);
         assert_eq!(row(&t, None, "→ 10.0.0.1:80").time_wait, 1);
         assert_eq!(t.iter().count(), 3);
+    }
+
+    #[test]
+    fn an_exited_owner_keeps_its_role_and_its_quiet_links_are_forgotten() {
+        let mut t = LinkTable::default();
+        let child = 30;
+        // The child exited before the read: its role was remembered then.
+        t.remember_role(child, "server child".into());
+        let link = active(child, "127.0.0.1:5432");
+        t.observe_snapshot(read(vec![(link, totals(1, 1, 0, 1))], None));
+        assert_eq!(
+            row(&t, Some("server child"), "→ 127.0.0.1:5432")
+                .closes
+                .total,
+            1
+        );
+        // Quiet for QUIET_READS reads and its owner gone: forgettable.
+        let alive = |pid| pid == CLIENT;
+        assert!(t.forgettable(alive).is_empty());
+        for _ in 0..QUIET_READS {
+            t.observe_snapshot(read(vec![(link, totals(1, 1, 0, 1))], None));
+        }
+        assert_eq!(t.forgettable(alive), vec![link]);
+        // Not while it keeps counting, nor while its owner lives.
+        let live = active(CLIENT, "127.0.0.1:5432");
+        for _ in 0..3 {
+            t.observe_snapshot(read(vec![(live, totals(1, 0, 0, 0))], None));
+        }
+        assert!(t.forgettable(alive).is_empty());
+        // An owner never seen is named by its pid.
+        t.observe_snapshot(read(
+            vec![(active(99, "127.0.0.1:1"), totals(1, 0, 0, 0))],
+            None,
+        ));
+        assert_eq!(row(&t, Some("[99]"), "→ 127.0.0.1:1").opens.total, 1);
+    }
+
+    #[test]
+    fn each_link_is_formatted_once() {
+        let mut t = LinkTable::default();
+        let c = active(CLIENT, "[::1]:443");
+        for n in 1..=5 {
+            t.observe_snapshot(read(vec![(c, totals(n, 0, 0, 0))], None));
+        }
+        assert_eq!(t.peers.len(), 1);
+        assert_eq!(t.peers[&c.peer], "→ [::1]:443");
+        assert_eq!(row(&t, Some("client"), "→ [::1]:443").opens.total, 5);
     }
 
     #[test]
@@ -599,40 +627,17 @@ mod tests {
     }
 
     #[test]
-    fn resets_are_aborts_and_memory_follows_live_sockets() {
-        use TcpState::*;
+    fn resets_are_aborts_and_memory_follows_kernel_links() {
         let mut t = LinkTable::default();
-        record(
-            &mut t,
-            change(
-                CLIENT,
-                Close,
-                SynSent,
-                true,
-                "127.0.0.1:42000",
-                "127.0.0.1:81",
-            ),
-        );
-        record(
-            &mut t,
-            change(
-                CLIENT,
-                SynSent,
-                Close,
-                false,
-                "127.0.0.1:42000",
-                "127.0.0.1:81",
-            ),
-        );
+        let c = active(CLIENT, "127.0.0.1:81");
+        t.observe_snapshot(read(vec![(c, totals(1, 1, 1, 0))], None));
         let r = row(&t, Some("client"), "→ 127.0.0.1:81");
         assert_eq!((r.opens.total, r.closes.total, r.aborts.total), (1, 1, 1));
-        assert_eq!(t.remembered(), 0);
-        // Closers expire once their sockets leave TIME_WAIT.
-        for p in 43000..43100 {
-            connection(&mut t, p, CLIENT);
+        // Once the kernel forgot the link and the owners' roles aged out,
+        // nothing of it is kept but its text.
+        for _ in 0..ROLE_MEMORY {
+            t.observe_snapshot(SocketSnapshot::default());
         }
-        t.observe(&[]);
-        t.observe(&[]);
-        assert_eq!(t.remembered(), 0);
+        assert_eq!(t.remembered(), 1);
     }
 }

@@ -107,6 +107,12 @@ pub struct Drops {
     /// Handshakes whose time the kernel could not record: those
     /// connections' accept-queue waits are unknown.
     pub handshake_insert_failed: u64,
+    /// Opens, closes or new TIME_WAIT the kernel could not count: its map
+    /// of links was full.
+    pub link_map_full: u64,
+    /// TIME_WAIT sockets whose closer the kernel could not record, or that
+    /// a walk could not count (its map was full).
+    pub time_wait_map_full: u64,
 }
 
 impl Drops {
@@ -121,6 +127,8 @@ impl Drops {
             + self.listen_owners_full
             + self.tracked_insert_failed
             + self.handshake_insert_failed
+            + self.link_map_full
+            + self.time_wait_map_full
     }
 }
 

@@ -241,17 +241,11 @@ impl ProcessTable {
             Event::Exec(s) => self.record_exec(s),
             Event::Exit(s) => self.record_exit(s),
             Event::Hist(d) => self.record_hist(d),
+            // A listener opened or closed (links are counted in the kernel).
             Event::TcpState(s) => {
                 if let Some(comm) = &s.comm {
                     self.entry(s.owner, comm);
                 }
-                // Links are grouped by the owner's role: forking servers
-                // close each connection in a short-lived child.
-                let owner = self
-                    .procs
-                    .get(&s.owner)
-                    .map_or_else(|| format!("[{}]", s.owner), Process::role);
-                self.links.record_state(s, &owner);
             }
         }
     }
@@ -367,6 +361,8 @@ impl ProcessTable {
         if let Some(proc) = self.procs.remove(&pid) {
             let role = proc.role();
             self.exited_roles[0].insert(pid, role.clone());
+            // Its sockets keep counting on its links under this role.
+            self.links.remember_role(pid, role.clone());
             let retired = self.retired_role(role);
             retired.add(&proc.activity, Span::Whole);
             retired.exited.bump();

@@ -580,46 +580,35 @@ mod tests {
 
     #[test]
     fn a_link_near_port_exhaustion_is_warned_about() {
-        use crate::model::{
-            event::TcpStateSample,
-            sockets::{TcpSock, TcpState},
-        };
+        use crate::model::links::{KernelLink, LinkTotals, Peer, Side, SocketSnapshot, Walk};
         let mut t = ProcessTable::default();
         let server: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
-        let mut snapshot = Vec::new();
-        for port in 0..60u16 {
-            let local: std::net::SocketAddr =
-                format!("127.0.0.1:{}", 40000 + port).parse().unwrap();
-            for (old, new) in [
-                (TcpState::Close, TcpState::SynSent),
-                (TcpState::Established, TcpState::FinWait1),
-            ] {
-                t.apply(&Event::TcpState(TcpStateSample {
-                    owner: 7,
-                    comm: Some("nginx".into()),
-                    old,
-                    new,
-                    by_owner: true,
-                    local,
-                    remote: server,
-                    ts_ns: 0,
-                }));
-            }
-            snapshot.push(TcpSock {
-                state: TcpState::TimeWait,
-                local,
-                remote: server,
-                ino: 0,
-                backlog: 0,
-                max_backlog: 0,
-            });
-        }
-        t.links
-            .observe_snapshot(crate::model::links::SocketSnapshot {
-                sockets: snapshot,
-                ephemeral_ports: Some(100),
-                ..Default::default()
-            });
+        // nginx (pid 7) opened 60 connections and closed each first: the
+        // kernel counted them, and a walk found their 60 TIME_WAIT sockets.
+        let link = KernelLink {
+            owner: 7,
+            peer: Peer {
+                side: Side::Active,
+                addr: server,
+                peer_ip: None,
+            },
+        };
+        let totals = LinkTotals {
+            opens: 60,
+            closes: 60,
+            aborts: 0,
+            new_time_wait: 60,
+        };
+        t.links.observe_snapshot(SocketSnapshot {
+            links: vec![(link, totals)],
+            walk: Some(Walk {
+                time_wait: vec![(link, 60)],
+                ..Walk::default()
+            }),
+            roles: std::collections::HashMap::from([(7, "nginx".to_string())]),
+            ephemeral_ports: Some(100),
+            ..Default::default()
+        });
         let r = Report::build(
             ReportKind::Interval,
             &t,

@@ -10,7 +10,7 @@ use probes_common::{
     event::EventKind,
     fork::ForkEvent,
     lifecycle::{ExecEvent, ExitEvent, SpawnEvent},
-    sock::{AF_INET6, TcpSocket, TcpStateEvent},
+    sock::{AF_INET6, LinkCounts, LinkKey, SIDE_ACTIVE, SIDE_PASSIVE, TcpSocket, TcpStateEvent},
 };
 
 use crate::model::{
@@ -18,6 +18,7 @@ use crate::model::{
         AcceptSample, Event, ExecSample, ExitSample, ForkSample, SpawnSample, TaskKind,
         TcpStateSample,
     },
+    links::{KernelLink, LinkTotals, Peer, Side},
     sockets::{TcpSock, TcpState, address},
 };
 
@@ -42,6 +43,36 @@ pub fn tcp_sockets(bytes: &[u8]) -> Vec<TcpSock> {
         .chunks_exact(size_of::<TcpSocket>())
         .filter_map(|chunk| tcp_socket(&read_record(chunk)?))
         .collect()
+}
+
+/// A link as the kernel keys it; None for an unknown side.
+pub fn kernel_link(k: &LinkKey) -> Option<KernelLink> {
+    let v6 = k.family == AF_INET6;
+    let side = match k.side {
+        SIDE_ACTIVE => Side::Active,
+        SIDE_PASSIVE => Side::Passive,
+        _ => return None,
+    };
+    Some(KernelLink {
+        owner: k.owner,
+        peer: Peer {
+            side,
+            addr: address(v6, k.addr, k.port),
+            peer_ip: (side == Side::Passive).then(|| address(v6, k.peer_ip, 0).ip()),
+        },
+    })
+}
+
+/// A link's counts, summed over the CPUs' copies.
+pub fn link_totals<'a>(per_cpu: impl IntoIterator<Item = &'a LinkCounts>) -> LinkTotals {
+    per_cpu
+        .into_iter()
+        .fold(LinkTotals::default(), |t, c| LinkTotals {
+            opens: t.opens + c.opens,
+            closes: t.closes + c.closes,
+            aborts: t.aborts + c.aborts,
+            new_time_wait: t.new_time_wait + c.new_time_wait,
+        })
 }
 
 /// Reads a plain-old-data record of type `T`, which must fill `bytes` exactly.

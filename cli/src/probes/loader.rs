@@ -25,7 +25,7 @@ use super::{
     hist::KernelHists,
     kernel_log::{self, KernelLog},
     preflight,
-    rungs::{ForkRung, QueueRung},
+    rungs::{ForkRung, QueueRung, StateRung},
     self_check, sock,
     tracefs::Tracefs,
     watch,
@@ -62,6 +62,7 @@ pub struct Probes {
     hists: KernelHists,
     fork_rung: ForkRung,
     queue_rung: QueueRung,
+    state_rung: StateRung,
     _stats: Option<OwnedFd>,
     // Last: it prints what the programs log until they are detached.
     _kernel_log: Option<KernelLog>,
@@ -117,7 +118,7 @@ impl Probes {
         let queue_rung =
             accept::attach(&mut ebpf, &tracefs, &btf, &kernel_btf, options.queue_rung)?;
         sock::load(&mut ebpf, &btf)?;
-        sock::attach(&mut ebpf, &tracefs)?;
+        let state_rung = sock::attach(&mut ebpf, &tracefs, &btf, &kernel_btf)?;
         self_check::run(&mut ebpf, &watch_set)?;
         // Attached tracepoints need tracefs no more: if stackprobe mounted
         // it, it is unmounted now, while the privilege to do so is at hand.
@@ -128,6 +129,7 @@ impl Probes {
             hists: KernelHists::default(),
             fork_rung,
             queue_rung,
+            state_rung,
             _stats: stats,
             _kernel_log: kernel_log,
         })
@@ -151,7 +153,17 @@ impl Probes {
                 hook: self.queue_rung.name(),
                 description: self.queue_rung.describe(),
             },
+            RungInUse {
+                metric: "tcp_state",
+                hook: self.state_rung.name(),
+                description: self.state_rung.describe(),
+            },
         ]
+    }
+
+    /// The hook TCP state changes are counted from on this kernel.
+    pub fn state_rung(&self) -> StateRung {
+        self.state_rung
     }
 
     /// How the accept probe finds an accepted socket on this kernel.
@@ -180,6 +192,29 @@ impl Probes {
     /// Every TCP socket on the machine now, from the iterator.
     pub fn tcp_sockets(&mut self) -> Result<Vec<crate::model::sockets::TcpSock>> {
         sock::snapshot(&mut self.ebpf)
+    }
+
+    /// Walks every TCP socket, the kernel counting TIME_WAIT sockets per
+    /// link (walk number `generation`) and writing only listeners.
+    pub fn tcp_walk(&mut self, generation: u32) -> Result<sock::Walked> {
+        sock::walk(&mut self.ebpf, generation)
+    }
+
+    /// Every TCP link the kernel counts, with its totals since load.
+    pub fn tcp_links(
+        &mut self,
+    ) -> Result<
+        Vec<(
+            crate::model::links::KernelLink,
+            crate::model::links::LinkTotals,
+        )>,
+    > {
+        sock::links(&mut self.ebpf)
+    }
+
+    /// Removes links from the kernel's count (their owners exited).
+    pub fn forget_tcp_links(&mut self, links: &[crate::model::links::KernelLink]) -> Result<()> {
+        sock::forget_links(&mut self.ebpf, links)
     }
 
     /// Tells the kernel that `owner` listens on `port`.
@@ -224,6 +259,8 @@ impl Probes {
             listen_owners_full: read(Stat::ListenOwnersFull)?,
             tracked_insert_failed: read(Stat::TrackedInsertFailed)?,
             handshake_insert_failed: read(Stat::HandshakeInsertFailed)?,
+            link_map_full: read(Stat::LinkMapFull)?,
+            time_wait_map_full: read(Stat::TimeWaitMapFull)?,
         })
     }
 
@@ -311,7 +348,7 @@ fn event_kind_of(name: &str) -> Option<EventKind> {
             watch::FORK_PROGRAM => Some(EventKind::Spawn),
             watch::EXEC_PROGRAM => Some(EventKind::Exec),
             watch::EXIT_PROGRAM => Some(EventKind::Exit),
-            sock::STATE_PROGRAM => Some(EventKind::TcpState),
+            sock::STATE_PROGRAM | sock::STATE_BTF_PROGRAM => Some(EventKind::TcpState),
             _ => None,
         }
     }
@@ -373,6 +410,13 @@ mod tests {
             (3, 5, 1, 1, 1, 1)
         );
         assert!(event_kind_of("tcp_sockets").is_none());
+    }
+
+    #[test]
+    fn both_state_programs_make_tcp_state_events() {
+        for name in ["tcp_state", "tcp_state_btf"] {
+            assert_eq!(event_kind_of(name), Some(EventKind::TcpState), "{name}");
+        }
     }
 
     #[test]

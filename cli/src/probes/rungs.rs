@@ -73,3 +73,31 @@ impl QueueRung {
         }
     }
 }
+
+/// Where TCP state changes are counted, best first: the same counts from
+/// either, the BTF tracepoint at a lower cost per change and with a
+/// recursion guard of its own (the classic tracepoints share one per CPU,
+/// so a change in softirq that interrupts another probe is skipped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateRung {
+    /// tp_btf on inet_sock_set_state.
+    BtfTracepoint,
+    /// The classic tracepoint sock/inet_sock_set_state.
+    Tracepoint,
+}
+
+impl StateRung {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::BtfTracepoint => "tp_btf",
+            Self::Tracepoint => "tracepoint",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::BtfTracepoint => "tp_btf on inet_sock_set_state",
+            Self::Tracepoint => "tracepoint sock/inet_sock_set_state",
+        }
+    }
+}

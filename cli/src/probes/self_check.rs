@@ -50,6 +50,8 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
             .ok_or_else(|| anyhow!("the probes lack {EVENTS_MAP}"))?,
     )?;
     while ring.next().is_some() {}
+    // Nor are the counts of its links.
+    sock::forget_owner(ebpf, me)?;
     checked?;
     if queue_waits != 1 {
         bail!(

@@ -1,33 +1,64 @@
-//! Userspace side of the TCP socket probes (kernel side:
-//! probes-ebpf/src/sock.rs): struct offsets from BTF, and snapshots of every
-//! TCP socket through the `iter/tcp` iterator (decoded in `decode`).
+//! Userspace side of the TCP probes (kernel side: probes-ebpf/src/sock.rs,
+//! tcp_state.rs, tcp_links.rs): struct offsets from BTF, the choice of hook
+//! for state changes, the kernel's per-link counts, and walks of every TCP
+//! socket through the `iter/tcp` iterator (decoded in `decode`).
 
 use std::io::Read as _;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Btf, Ebpf,
-    maps::{HashMap, MapError},
-    programs::Iter,
+    maps::{Array, HashMap, MapError, PerCpuHashMap},
+    programs::{BtfTracePoint, Iter},
 };
 use probes_common::sock::{
-    ITER_MEMBERS, ITER_PROGRAM, LISTEN_OWNERS_MAP, STATE_FIELDS, STATE_PROGRAM,
+    AF_INET, AF_INET6, CLOSE_MEMBERS, ITER_AGGREGATE, ITER_CONFIG_MAP, ITER_EVERY_SOCKET,
+    ITER_MEMBERS, ITER_PROGRAM, IterConfig, LINKS_MAP, LISTEN_OWNERS_MAP, LinkCounts, LinkKey,
+    PROTOCOL_MEMBER, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, SOCK_COMMON_MEMBERS,
+    SOCK_COMMON_SIZES, SOCK_WINDOW, STATE_BTF_EVENT, STATE_BTF_PROGRAM, STATE_FIELD_SIZES,
+    STATE_FIELDS, STATE_PROGRAM, TW_COUNTS_MAP, TwCount,
 };
 
 use super::{
-    attach::{Setup, attach_tracepoints},
+    attach::{Setup, attach_tracepoints, program},
     btf::KernelBtf,
     decode,
+    rungs::StateRung,
     tracefs::Tracefs,
 };
-use crate::model::sockets::TcpSock;
+use crate::model::{
+    links::{KernelLink, LinkTotals, Side},
+    sockets::TcpSock,
+};
 
 pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
     let mut globals = btf.offsets(ITER_MEMBERS)?;
-    for f in STATE_FIELDS {
+    for ((name, offset), size) in globals
+        .iter()
+        .take(SOCK_COMMON_MEMBERS.len())
+        .zip(SOCK_COMMON_SIZES)
+    {
+        if (offset + size) as usize > SOCK_WINDOW {
+            bail!(
+                "{name} lies at byte {offset} of struct sock here, past the {SOCK_WINDOW} bytes \
+                 stackprobe copies"
+            );
+        }
+    }
+    globals.extend(btf.offsets(CLOSE_MEMBERS)?);
+    // Without it (a bitfield before 5.6) the tp_btf program is not used.
+    globals.extend(btf.offsets(PROTOCOL_MEMBER).unwrap_or_default());
+    for (f, size) in STATE_FIELDS.iter().zip(STATE_FIELD_SIZES) {
         let offset = tracefs
             .field("sock", "inet_sock_set_state", f.field)?
             .offset;
+        if (offset + size) as usize > RECORD_WINDOW {
+            bail!(
+                "inet_sock_set_state's {} lies at byte {offset} of its record here, past the \
+                 {RECORD_WINDOW} bytes stackprobe copies",
+                f.field
+            );
+        }
         globals.push((f.global, offset));
     }
     Ok(Setup {
@@ -36,14 +67,41 @@ pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
     })
 }
 
-pub fn attach(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> {
-    attach_tracepoints(
-        ebpf,
-        tracefs,
-        STATE_PROGRAM,
-        "sock",
-        &["inet_sock_set_state"],
-    )
+/// Attaches the state probe to the best hook this kernel offers.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    tracefs: &Tracefs,
+    btf: &Btf,
+    kernel_btf: &KernelBtf,
+) -> Result<StateRung> {
+    let btf_tracepoint = if kernel_btf.offsets(PROTOCOL_MEMBER).is_ok() {
+        attach_btf_tracepoint(ebpf, btf)
+    } else {
+        Err(anyhow!("sock.sk_protocol is a bitfield here"))
+    };
+    match btf_tracepoint {
+        Ok(()) => Ok(StateRung::BtfTracepoint),
+        Err(_) => {
+            if let Ok(p) = program::<BtfTracePoint>(ebpf, STATE_BTF_PROGRAM) {
+                let _ = p.unload();
+            }
+            attach_tracepoints(
+                ebpf,
+                tracefs,
+                STATE_PROGRAM,
+                "sock",
+                &["inet_sock_set_state"],
+            )?;
+            Ok(StateRung::Tracepoint)
+        }
+    }
+}
+
+fn attach_btf_tracepoint(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
+    let p: &mut BtfTracePoint = program(ebpf, STATE_BTF_PROGRAM)?;
+    p.load(STATE_BTF_EVENT, btf).context("loading tp_btf")?;
+    p.attach().context("attaching tp_btf")?;
+    Ok(())
 }
 
 /// Tells the kernel who owns a listening port, so connections arriving there
@@ -69,8 +127,16 @@ pub fn load(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
         .context("loading the iter/tcp program (the kernel's verifier refused it)")
 }
 
-/// Every TCP socket on the machine now.
-pub fn snapshot(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
+fn set_config(ebpf: &mut Ebpf, config: IterConfig) -> Result<()> {
+    let map = ebpf
+        .map_mut(ITER_CONFIG_MAP)
+        .with_context(|| format!("the probes lack {ITER_CONFIG_MAP}"))?;
+    let mut array: Array<_, IterConfig> = Array::try_from(map)?;
+    Ok(array.set(0, config, 0)?)
+}
+
+/// Runs the iterator once and returns what it wrote.
+fn run_iterator(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
     let iter: &mut Iter = ebpf
         .program_mut(ITER_PROGRAM)
         .context("the eBPF object has no TCP iterator")?
@@ -81,4 +147,170 @@ pub fn snapshot(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
     file.read_to_end(&mut bytes)
         .context("reading the TCP iterator")?;
     Ok(decode::tcp_sockets(&bytes))
+}
+
+/// Every TCP socket on the machine now.
+pub fn snapshot(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
+    set_config(
+        ebpf,
+        IterConfig {
+            mode: ITER_EVERY_SOCKET,
+            ..IterConfig::default()
+        },
+    )?;
+    run_iterator(ebpf)
+}
+
+/// What a walk in aggregate mode found.
+pub struct Walked {
+    pub listeners: Vec<TcpSock>,
+    pub time_wait: Vec<(KernelLink, u64)>,
+    pub sockets: usize,
+}
+
+/// Walks every TCP socket, the kernel counting TIME_WAIT sockets per link
+/// and writing only listeners; `generation` numbers the walk.
+pub fn walk(ebpf: &mut Ebpf, generation: u32) -> Result<Walked> {
+    set_config(
+        ebpf,
+        IterConfig {
+            mode: ITER_AGGREGATE,
+            generation,
+            walked: 0,
+        },
+    )?;
+    let listeners = run_iterator(ebpf)?;
+    let sockets = {
+        let map = ebpf
+            .map(ITER_CONFIG_MAP)
+            .with_context(|| format!("the probes lack {ITER_CONFIG_MAP}"))?;
+        let array: Array<_, IterConfig> = Array::try_from(map)?;
+        array.get(&0, 0)?.walked as usize
+    };
+    let map = ebpf
+        .map_mut(TW_COUNTS_MAP)
+        .with_context(|| format!("the probes lack {TW_COUNTS_MAP}"))?;
+    let mut counts: HashMap<_, LinkKey, TwCount> = HashMap::try_from(map)?;
+    let mut time_wait = Vec::new();
+    let mut stale = Vec::new();
+    for entry in counts.iter() {
+        let (key, count) = entry?;
+        if count.generation != u64::from(generation) {
+            stale.push(key);
+        } else if let Some(link) = decode::kernel_link(&key) {
+            time_wait.push((link, count.count));
+        }
+    }
+    // Links with no TIME_WAIT socket any more: their entries go, so the map
+    // holds only links that have some.
+    for key in stale {
+        match counts.remove(&key) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Walked {
+        listeners,
+        time_wait,
+        sockets,
+    })
+}
+
+fn links_map(
+    ebpf: &mut Ebpf,
+) -> Result<PerCpuHashMap<&mut aya::maps::MapData, LinkKey, LinkCounts>> {
+    let map = ebpf
+        .map_mut(LINKS_MAP)
+        .with_context(|| format!("the probes lack {LINKS_MAP}"))?;
+    Ok(PerCpuHashMap::try_from(map)?)
+}
+
+/// Every link the kernel counts, with its totals since load.
+pub fn links(ebpf: &mut Ebpf) -> Result<Vec<(KernelLink, LinkTotals)>> {
+    let map = links_map(ebpf)?;
+    let mut out = Vec::new();
+    for entry in map.iter() {
+        let (key, per_cpu) = entry?;
+        if let Some(link) = decode::kernel_link(&key) {
+            out.push((link, decode::link_totals(per_cpu.iter())));
+        }
+    }
+    Ok(out)
+}
+
+/// Removes `owner`'s links from the kernel's map (the self-check's own).
+pub fn forget_owner(ebpf: &mut Ebpf, owner: u32) -> Result<()> {
+    let mine: Vec<KernelLink> = links(ebpf)?
+        .into_iter()
+        .filter(|(l, _)| l.owner == owner)
+        .map(|(l, _)| l)
+        .collect();
+    forget_links(ebpf, &mine)
+}
+
+/// Removes links from the kernel's map.
+pub fn forget_links(ebpf: &mut Ebpf, links: &[KernelLink]) -> Result<()> {
+    let mut map = links_map(ebpf)?;
+    for link in links {
+        match map.remove(&link_key(link)) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's key for `link` (the inverse of decode::kernel_link).
+fn link_key(link: &KernelLink) -> LinkKey {
+    let bytes = |ip: std::net::IpAddr| match ip {
+        std::net::IpAddr::V4(v4) => {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&v4.octets());
+            b
+        }
+        std::net::IpAddr::V6(v6) => v6.octets(),
+    };
+    let p = &link.peer;
+    LinkKey {
+        owner: link.owner,
+        side: match p.side {
+            Side::Active => SIDE_ACTIVE,
+            Side::Passive => SIDE_PASSIVE,
+        },
+        _pad: 0,
+        family: if p.addr.is_ipv4() { AF_INET } else { AF_INET6 },
+        port: p.addr.port(),
+        _pad2: 0,
+        addr: bytes(p.addr.ip()),
+        peer_ip: p.peer_ip.map_or([0; 16], bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_key_decodes_back_to_itself() {
+        for link in [
+            KernelLink {
+                owner: 7,
+                peer: crate::model::links::Peer {
+                    side: Side::Passive,
+                    addr: "[::1]:80".parse().unwrap(),
+                    peer_ip: Some("::1".parse().unwrap()),
+                },
+            },
+            KernelLink {
+                owner: 0,
+                peer: crate::model::links::Peer {
+                    side: Side::Active,
+                    addr: "10.1.2.3:5432".parse().unwrap(),
+                    peer_ip: None,
+                },
+            },
+        ] {
+            assert_eq!(decode::kernel_link(&link_key(&link)), Some(link));
+        }
+    }
 }

@@ -249,6 +249,8 @@ fn drops_line(d: &Drops) -> String {
         ("listener map full", d.listen_owners_full),
         ("socket map insert failed", d.tracked_insert_failed),
         ("handshake map insert failed", d.handshake_insert_failed),
+        ("link map full", d.link_map_full),
+        ("TIME_WAIT map full", d.time_wait_map_full),
     ] {
         if n > 0 {
             causes.push(format!("{label} {n}"));

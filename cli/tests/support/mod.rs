@@ -313,6 +313,8 @@ pub fn rung_costs(s: &Session, prefixes: &[&str]) -> String {
 
 /// Names of stackprobe's kernel programs but the fork rungs' (as the kernel
 /// truncates them, to 15 bytes).
+/// (One state program is loaded: `tcp_state`, or `tcp_state_btf` where the
+/// BTF tracepoint serves.)
 pub const PROGRAM_NAMES: [&str; 7] = [
     "tcp_state",
     "tcp_sockets",
@@ -353,6 +355,7 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
         .filter(|p| {
             p.name_as_str().is_some_and(|n| {
                 PROGRAM_NAMES.contains(&n)
+                    || n == "tcp_state_btf"
                     || HOOK_PROGRAM_NAMES.contains(&n)
                     || ForkRung::LADDER
                         .iter()

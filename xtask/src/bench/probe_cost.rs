@@ -270,7 +270,13 @@ fn stackprobe(w: &Workload, n: u64) -> Result<Cost> {
         .map(|name| {
             let c = summary["probe_cost"]
                 .as_array()
-                .and_then(|v| v.iter().find(|c| c["program"] == *name))
+                // A program with a BTF-tracepoint twin (`tcp_state_btf`)
+                // runs as whichever rung the kernel offers.
+                .and_then(|v| {
+                    v.iter().find(|c| {
+                        c["program"] == *name || c["program"] == format!("{name}_btf").as_str()
+                    })
+                })
                 .ok_or_else(|| anyhow!("no cost for {name}"))?;
             Ok(c["run_time_ns"].as_f64().unwrap_or(0.0)
                 / c["runs"].as_f64().unwrap_or(1.0).max(1.0))

@@ -1,0 +1,248 @@
+//! TCP links counted in the kernel, shared by the state probe (opens,
+//! closes, aborts, new TIME_WAIT) and the socket iterator (TIME_WAIT sockets
+//! now): a socket's ends read from one copy of its `sock_common`, the link
+//! key they make, the per-CPU counts per link, who closed each TIME_WAIT
+//! socket first, and the watched listeners.
+
+use aya_ebpf::{
+    Global,
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuHashMap},
+};
+use probes_common::{
+    sock::{
+        AF_INET6, Closer, LINKS_MAX_ENTRIES, LISTEN_OWNERS_MAX_ENTRIES, LinkCounts, LinkKey,
+        SIDE_ACTIVE, SOCK_WINDOW, TW_CLOSERS_MAX_ENTRIES, TW_COUNTS_MAX_ENTRIES, Tuple, TwCount,
+    },
+    stats::Stat,
+};
+
+use crate::{
+    events,
+    memory::{self, Bits},
+    offsets::offset_globals,
+};
+
+probes_common::sock_common_members!(offset_globals);
+
+/// Map from a listening port to the watched process listening on it: the
+/// owner of connections that arrive there (their handshake completes in
+/// softirq, where the current task is not the owner).
+#[map]
+static LISTEN_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(LISTEN_OWNERS_MAX_ENTRIES, 0);
+
+#[map]
+static LINKS: PerCpuHashMap<LinkKey, LinkCounts> =
+    PerCpuHashMap::with_max_entries(LINKS_MAX_ENTRIES, 0);
+
+/// Entries live as long as their TIME_WAIT socket, which the kernel frees
+/// without any event: the oldest are evicted to make room.
+#[map]
+static TW_CLOSERS: LruHashMap<Tuple, Closer> =
+    LruHashMap::with_max_entries(TW_CLOSERS_MAX_ENTRIES, 0);
+
+#[map]
+static TW_COUNTS: HashMap<LinkKey, TwCount> = HashMap::with_max_entries(TW_COUNTS_MAX_ENTRIES, 0);
+
+/// The `T` at the offset in `offset` of a copy of kernel memory, the default
+/// if it would lie outside (userspace checks every offset fits at load).
+#[inline(always)]
+pub fn at<T: Bits + Default, const N: usize>(copy: &[u8; N], offset: &Global<u32>) -> T {
+    let o = offset.load() as usize;
+    if o > N - size_of::<T>() {
+        return T::default();
+    }
+    // SAFETY: `o + size_of::<T>()` lies inside `copy` (checked above); the
+    // read is unaligned-safe and T: Bits takes any bytes.
+    unsafe { core::ptr::read_unaligned(copy.as_ptr().add(o).cast::<T>()) }
+}
+
+/// A socket's ends, as its `sock_common` holds them (a timewait socket's
+/// too: it starts with the same struct).
+#[derive(Clone, Copy, Default)]
+pub struct Ends {
+    pub family: u16,
+    pub state: u8,
+    /// Host byte order.
+    pub lport: u16,
+    /// Network byte order.
+    pub rport_be: u16,
+    /// IPv4 in the first 4 bytes, IPv6 in all 16.
+    pub laddr: [u8; 16],
+    pub raddr: [u8; 16],
+}
+
+/// Fills `e` with the ends of the socket at `sk`, from one copy of its
+/// first bytes; false if it cannot be read. Not inlined: the copy then
+/// takes stack only while it is read.
+#[inline(never)]
+pub fn read_ends(sk: u64, e: &mut Ends) -> bool {
+    let mut w = [0u8; SOCK_WINDOW];
+    if !memory::kernel_into(sk, &mut w) {
+        return false;
+    }
+    e.family = at(&w, &SKC_FAMILY);
+    if e.family == AF_INET6 {
+        e.laddr = at(&w, &SKC_V6_RCV_SADDR);
+        e.raddr = at(&w, &SKC_V6_DADDR);
+    } else {
+        let l: [u8; 4] = at(&w, &SKC_RCV_SADDR);
+        let r: [u8; 4] = at(&w, &SKC_DADDR);
+        e.laddr[..4].copy_from_slice(&l);
+        e.raddr[..4].copy_from_slice(&r);
+    }
+    e.state = at(&w, &SKC_STATE);
+    e.lport = at(&w, &SKC_NUM);
+    e.rport_be = at(&w, &SKC_DPORT);
+    true
+}
+
+/// The member at `offset` of the struct at `base` (past the copied window).
+#[inline(always)]
+pub fn read<T: Bits>(base: u64, offset: &Global<u32>) -> Option<T> {
+    memory::kernel(base + u64::from(offset.load()))
+}
+
+impl Ends {
+    #[inline(always)]
+    pub fn tuple(&self) -> Tuple {
+        Tuple {
+            family: self.family,
+            lport: self.lport,
+            rport_be: self.rport_be,
+            _pad: 0,
+            laddr: self.laddr,
+            raddr: self.raddr,
+        }
+    }
+
+    /// The link `owner`'s socket is on, from its side.
+    #[inline(always)]
+    pub fn link(&self, owner: u32, side: u8) -> LinkKey {
+        let active = side == SIDE_ACTIVE;
+        LinkKey {
+            owner,
+            side,
+            _pad: 0,
+            family: self.family,
+            port: if active {
+                u16::from_be(self.rport_be)
+            } else {
+                self.lport
+            },
+            _pad2: 0,
+            addr: if active { self.raddr } else { self.laddr },
+            peer_ip: if active { [0; 16] } else { self.raddr },
+        }
+    }
+
+    /// Whether the remote end is this host as seen from the local end:
+    /// loopback, or the local address itself.
+    #[inline(always)]
+    pub fn remote_is_here(&self) -> bool {
+        let loopback = if self.family == AF_INET6 {
+            self.raddr[..15] == [0; 15] && self.raddr[15] == 1
+        } else {
+            self.raddr[0] == 127
+        };
+        loopback || self.raddr == self.laddr
+    }
+}
+
+/// The watched process listening on `port`, if any.
+#[inline(always)]
+pub fn listen_owner(port: u16) -> Option<u32> {
+    // SAFETY: the map is preallocated (no BPF_F_NO_PREALLOC) and the value
+    // copied out at once.
+    unsafe { LISTEN_OWNERS.get(u32::from(port)) }.copied()
+}
+
+#[inline(always)]
+/// Records `owner` as `port`'s listener; false (and counted) when the map
+/// had no room.
+pub fn set_listen_owner(port: u16, owner: u32) -> bool {
+    let recorded = LISTEN_OWNERS.insert(u32::from(port), owner, 0).is_ok();
+    if !recorded {
+        events::count(Stat::ListenOwnersFull);
+    }
+    recorded
+}
+
+#[inline(always)]
+pub fn forget_listener(port: u16) {
+    // A missing key is no failure: userspace may never have told it.
+    let _ = LISTEN_OWNERS.remove(u32::from(port));
+}
+
+/// Adds to `key`'s counts on this CPU: in place when the key exists, one
+/// insert when it is new (a failure counted, never silent). Not inlined:
+/// each call site's key and counts would take stack of their own.
+#[inline(never)]
+pub fn add(key: &LinkKey, f: impl FnOnce(&mut LinkCounts)) {
+    match LINKS.get_ptr_mut(key) {
+        // SAFETY: this CPU's copy of the value, which the map keeps while
+        // the key lives; programs do not nest on a CPU for this map's
+        // writers (the state probe), so nothing else writes it meanwhile.
+        // Userspace deletes a key only when it has been quiet for a while
+        // and its owner is gone.
+        Some(counts) => f(unsafe { &mut *counts }),
+        None => {
+            let mut counts = LinkCounts::default();
+            f(&mut counts);
+            if LINKS.insert(key, counts, 0).is_err() {
+                events::count(Stat::LinkMapFull);
+            }
+        }
+    }
+}
+
+/// Notes who closed the socket with these ends first: its timewait socket,
+/// which has the same ends, is theirs.
+#[inline(always)]
+pub fn note_closer(tuple: &Tuple, closer: Closer) {
+    if TW_CLOSERS.insert(tuple, closer, 0).is_err() {
+        // An LRU map evicts to make room: this fails only when the kernel
+        // found no free node (contention across CPUs).
+        events::count(Stat::TimeWaitMapFull);
+    }
+}
+
+/// Counts a TIME_WAIT socket on its link in the iterator's run
+/// `generation`: its closer's, or an unknown closer's on a watched
+/// listener's link (either end, when both are on this host); others are
+/// not ours.
+#[inline(always)]
+pub fn count_time_wait(e: &Ends, generation: u64) {
+    // SAFETY: the map is preallocated and the value copied out at once.
+    let key = match unsafe { TW_CLOSERS.get(e.tuple()) }.copied() {
+        Some(c) => e.link(c.owner, c.side),
+        None if listen_owner(e.lport).is_some() => e.link(0, probes_common::sock::SIDE_PASSIVE),
+        None if listen_owner(u16::from_be(e.rport_be)).is_some() && e.remote_is_here() => {
+            e.link(0, SIDE_ACTIVE)
+        }
+        None => return,
+    };
+    match TW_COUNTS.get_ptr_mut(key) {
+        // SAFETY: a value of a preallocated map; only the iterator writes
+        // it, and one run walks at a time (userspace reads it between runs).
+        Some(c) => unsafe {
+            if (*c).generation == generation {
+                (*c).count += 1;
+            } else {
+                *c = TwCount {
+                    generation,
+                    count: 1,
+                };
+            }
+        },
+        None => {
+            let first = TwCount {
+                generation,
+                count: 1,
+            };
+            if TW_COUNTS.insert(key, first, 0).is_err() {
+                events::count(Stat::TimeWaitMapFull);
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! TCP state changes of watched processes' sockets, counted per link in the
+//! kernel (tcp_links): opens, closes, aborts and sockets going into
+//! TIME_WAIT. Only a listener opening or closing goes through the ring
+//! buffer. Two hooks on `inet_sock_set_state`, the loader attaching one:
+//! `tcp_state_btf` (tp_btf: its arguments are plain loads, and it has a
+//! recursion guard of its own) and `tcp_state` (the classic tracepoint, for
+//! kernels without the BTF one; its record copied once and read from the
+//! copy).
+
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::LruHashMap,
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use aya_log_ebpf::debug;
+use probes_common::{
+    event::EventKind,
+    sock::{
+        Closer, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_CLOSING,
+        TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_LAST_ACK, TCP_LISTEN, TCP_SYN_RECV,
+        TCP_SYN_SENT, TRACKED_MAX_ENTRIES, TcpStateEvent, TrackedSocket,
+    },
+    stats::Stat,
+};
+
+use crate::{
+    clock::now,
+    events, handshakes, memory,
+    offsets::offset_globals,
+    tcp_links::{self, Ends},
+    watch_set::is_watched,
+};
+
+probes_common::sock_state_fields!(offset_globals);
+probes_common::sock_protocol_member!(offset_globals);
+probes_common::sock_close_members!(offset_globals);
+
+#[map]
+static TRACKED: LruHashMap<u64, TrackedSocket> =
+    LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
+
+const IPPROTO_TCP: u16 = 6;
+
+/// Changes only the owner's own syscalls make (connect, listen, close,
+/// shutdown): the current task is the socket's owner. Everything else may run
+/// in softirq, where the current task is whoever happened to be running (the
+/// record's `common_flags` do not tell reliably: 6.18 sets the softirq bit for
+/// listen()).
+#[inline(always)]
+fn by_owner(old: u8, new: u8) -> bool {
+    matches!(
+        (old, new),
+        (TCP_CLOSE, TCP_SYN_SENT)
+            | (TCP_CLOSE, TCP_LISTEN)
+            | (TCP_ESTABLISHED | TCP_SYN_RECV, TCP_FIN_WAIT1)
+            | (TCP_CLOSE_WAIT, TCP_LAST_ACK)
+    )
+}
+
+/// A close without the FIN handshake: reset, refused, aborted.
+#[inline(always)]
+fn is_abort(old: u8) -> bool {
+    matches!(
+        old,
+        TCP_ESTABLISHED | TCP_SYN_SENT | TCP_SYN_RECV | TCP_CLOSE_WAIT | TCP_FIN_WAIT1
+    )
+}
+
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
+    // (const struct sock *sk, int oldstate, int newstate); TCP states fit a
+    // byte.
+    let sk: u64 = ctx.arg(0);
+    let old = ctx.arg::<i32>(1) as u8;
+    let new = ctx.arg::<i32>(2) as u8;
+    on_change(sk, old, new, || {
+        tcp_links::read::<u16>(sk, &SK_PROTOCOL) == Some(IPPROTO_TCP)
+    });
+    0
+}
+
+#[tracepoint]
+pub fn tcp_state(ctx: TracePointContext) -> u32 {
+    let Some(record) = memory::kernel::<[u8; RECORD_WINDOW]>(ctx.as_ptr() as u64) else {
+        return 0;
+    };
+    if tcp_links::at::<u16, RECORD_WINDOW>(&record, &TP_PROTOCOL) != IPPROTO_TCP {
+        return 0;
+    }
+    let sk: u64 = tcp_links::at(&record, &TP_SKADDR);
+    let old = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_OLDSTATE) as u8;
+    let new = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_NEWSTATE) as u8;
+    on_change(sk, old, new, || true);
+    0
+}
+
+/// One state change of the socket at `sk`; `is_tcp` says whether it is a
+/// TCP socket, asked only of a socket about to be tracked.
+#[inline(always)]
+fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let by_owner = by_owner(old, new);
+    let in_owner = by_owner && is_watched(tgid);
+
+    // Whose socket is it? One we track; else, for changes made by a watched
+    // owner's own syscalls, the caller's; else a connection arriving at a
+    // watched listener.
+    let tracked = TRACKED.get_ptr_mut(sk);
+    let arriving = old == TCP_SYN_RECV && new == TCP_ESTABLISHED;
+    if tracked.is_none() && !in_owner && !arriving {
+        return;
+    }
+    let listen = new == TCP_LISTEN || old == TCP_LISTEN;
+    let counted = matches!(
+        (old, new),
+        (TCP_CLOSE, TCP_SYN_SENT) | (TCP_SYN_RECV, TCP_ESTABLISHED) | (_, TCP_CLOSE)
+    );
+    // The socket's ends, read once, and only when needed: most changes of a
+    // tracked socket count nothing.
+    let mut ends = Ends::default();
+    if (tracked.is_none() || counted || listen) && !tcp_links::read_ends(sk, &mut ends) {
+        return;
+    }
+    let mut entry = match tracked {
+        // SAFETY: copied out at once. LRU maps are preallocated, so the
+        // pointer stays inside the map's memory even if the entry is
+        // deleted and its node reused meanwhile: at worst this one change
+        // counts on another watched socket's link.
+        Some(p) => unsafe { *p },
+        None => {
+            let owner = if in_owner {
+                tgid
+            } else {
+                match tcp_links::listen_owner(ends.lport) {
+                    Some(owner) => owner,
+                    None => return,
+                }
+            };
+            if !is_tcp() {
+                return;
+            }
+            let passive = !in_owner
+                || (new != TCP_SYN_SENT && tcp_links::listen_owner(ends.lport) == Some(tgid));
+            TrackedSocket {
+                owner,
+                closer: 0,
+                side: if passive { SIDE_PASSIVE } else { SIDE_ACTIVE },
+                _pad: [0; 3],
+            }
+        }
+    };
+
+    // FIN_WAIT2 or CLOSING → CLOSE of a socket whose owner closed first: the
+    // kernel has just made its timewait twin (tcp_time_wait, then tcp_done).
+    let time_wait = new == TCP_CLOSE && (old == TCP_FIN_WAIT2 || old == TCP_CLOSING);
+    if new == TCP_CLOSE
+        && (old == TCP_LISTEN || entry.side == SIDE_PASSIVE || (time_wait && entry.closer != 0))
+    {
+        // The local port is in the link (passive), the 4-tuple or the map
+        // of listeners: it is released (skc_num zeroed) before this change
+        // is reported, and inet_sport keeps it.
+        let sport: u16 = tcp_links::read(sk, &INET_SPORT).unwrap_or(0);
+        ends.lport = u16::from_be(sport);
+    }
+    if listen {
+        listener(sk, old, new, entry, &ends, tracked.is_none(), by_owner);
+        return;
+    }
+    if by_owner && new == TCP_FIN_WAIT1 {
+        // The owner closed first: the socket's TIME_WAIT will be on this
+        // side, and belongs to the process that closed (a forking server's
+        // child), whoever opened it.
+        entry.closer = if in_owner { tgid } else { entry.owner };
+        if let Some(p) = tracked {
+            // SAFETY: as for the read above; one u32 store into the value.
+            unsafe { (*p).closer = entry.closer };
+        }
+    }
+    // One key on the stack, its owner changed in place.
+    let mut key = ends.link(entry.owner, entry.side);
+    if new == TCP_CLOSE {
+        let aborted = u64::from(is_abort(old));
+        let own_time_wait = u64::from(time_wait && entry.closer == entry.owner);
+        tcp_links::add(&key, |c| {
+            c.closes += 1;
+            c.aborts += aborted;
+            c.new_time_wait += own_time_wait;
+        });
+        if time_wait && entry.closer != 0 {
+            if own_time_wait == 0 {
+                key.owner = entry.closer;
+                tcp_links::add(&key, |c| c.new_time_wait += 1);
+            }
+            tcp_links::note_closer(
+                &ends.tuple(),
+                Closer {
+                    owner: entry.closer,
+                    side: entry.side,
+                    _pad: [0; 3],
+                },
+            );
+        }
+        if tracked.is_some() {
+            let _ = TRACKED.remove(sk);
+        }
+        if entry.side == SIDE_PASSIVE {
+            // Only connections arriving at a watched listener had theirs noted.
+            handshakes::forget(sk);
+        }
+        return;
+    }
+    if counted {
+        tcp_links::add(&key, |c| c.opens += 1);
+        if arriving {
+            handshakes::note(sk, now());
+        }
+    }
+    if tracked.is_none() && TRACKED.insert(sk, entry, 0).is_err() {
+        // An LRU map evicts to make room: this fails only when the kernel
+        // found no free node (contention across CPUs).
+        events::count(Stat::TrackedInsertFailed);
+        debug!(
+            &(),
+            "TRACKED: socket {:x} of {} not recorded", sk, entry.owner
+        );
+    }
+}
+
+/// A watched listener opened or closed: the kernel's map of listeners
+/// follows, and userspace hears of it through the ring buffer.
+#[inline(always)]
+fn listener(
+    sk: u64,
+    old: u8,
+    new: u8,
+    entry: TrackedSocket,
+    e: &Ends,
+    untracked: bool,
+    by_owner: bool,
+) {
+    if new == TCP_CLOSE {
+        let _ = TRACKED.remove(sk);
+        tcp_links::forget_listener(e.lport);
+    } else {
+        if untracked && TRACKED.insert(sk, entry, 0).is_err() {
+            events::count(Stat::TrackedInsertFailed);
+        }
+        if new == TCP_LISTEN {
+            if tcp_links::set_listen_owner(e.lport, entry.owner) {
+                debug!(
+                    &(),
+                    "port {} listened on by {}: connections arriving there are its",
+                    e.lport,
+                    entry.owner
+                );
+            } else {
+                debug!(
+                    &(),
+                    "LISTEN_OWNERS full: port {} of {} not recorded", e.lport, entry.owner
+                );
+            }
+        }
+    }
+    let Some(mut slot) = events::reserve::<TcpStateEvent>(Stat::LostTcpState) else {
+        return;
+    };
+    slot.write(TcpStateEvent {
+        kind: EventKind::TcpState as u32,
+        owner: entry.owner,
+        oldstate: old,
+        newstate: new,
+        by_owner: by_owner as u8,
+        _pad: 0,
+        family: e.family,
+        lport: e.lport,
+        rport: u16::from_be(e.rport_be),
+        _pad2: 0,
+        laddr: e.laddr,
+        raddr: e.raddr,
+        _pad3: 0,
+        ts_ns: now(),
+        comm: if by_owner {
+            bpf_get_current_comm().unwrap_or([0; 16])
+        } else {
+            [0; 16]
+        },
+    });
+    events::submit(slot);
+}
