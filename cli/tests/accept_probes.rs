@@ -226,7 +226,7 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
         "{ids:?} not all in {loaded:?}"
     );
     drop(s);
-    let after = loaded_stackprobe_programs();
+    let after = programs_left_loaded();
     assert!(
         ids.iter().all(|id| !after.contains(id)),
         "still loaded: {after:?}"

@@ -196,7 +196,7 @@ fn every_bad_input_gets_its_message_and_exit_status() {
         );
     }
     assert!(
-        loaded_stackprobe_programs().is_empty(),
+        programs_left_loaded().is_empty(),
         "a failed run left probes loaded"
     );
 }

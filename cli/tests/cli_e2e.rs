@@ -83,7 +83,7 @@ fn json_mode_counts_a_servers_accepts_and_ctrl_c_leaves_nothing_loaded() {
     assert_eq!(bucket_sum, 18);
 
     assert!(
-        loaded_stackprobe_programs().is_empty(),
+        programs_left_loaded().is_empty(),
         "programs left loaded after exit"
     );
     server.stop();
@@ -126,7 +126,7 @@ fn text_mode_prints_intervals_and_a_summary_and_stops_after_duration() {
     assert!(summary.contains(" |@"), "log2 bars expected:\n{summary}");
     assert!(stdout.matches("=== interval").count() >= 2, "{stdout}");
     assert!(stdout.contains("drops 0"), "{stdout}");
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
     server.stop();
 }
 
@@ -152,7 +152,7 @@ fn waits_for_a_named_process_that_starts_later_and_sigterm_ends_cleanly() {
     let s = row(summary, server.pid).unwrap_or_else(|| panic!("{summary}"));
     assert_eq!(s["count"], 4);
     assert_eq!(s["process"], name.as_str());
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
     server.stop();
 }
 
@@ -198,7 +198,7 @@ fn no_btf_and_missing_privileges_get_a_message_and_a_non_zero_exit() {
     // Not root: drop to nobody with no capabilities.
     let out = as_nobody(&["watch", "x"]);
     assert_fails(&out, 1, "needs root (missing CAP_BPF and CAP_PERFMON)");
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
 }
 
 #[test]
@@ -215,16 +215,11 @@ fn after_sigkill_the_kernel_frees_every_probe_and_a_closed_stdout_ends_cleanly()
     sp.signal(libc::SIGKILL);
     let (status, _, _) = sp.finish();
     assert_eq!(status.signal(), Some(libc::SIGKILL));
-    // Nothing is pinned: the kernel frees the programs with the last fd,
-    // which it releases asynchronously; allow it a moment.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !loaded_stackprobe_programs().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "programs outlived SIGKILL"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    // Nothing is pinned: the kernel frees the programs with the last fd.
+    assert!(
+        programs_left_loaded().is_empty(),
+        "programs outlived SIGKILL"
+    );
 
     // `stackprobe watch … | head -1`: the reader goes away after one line.
     let mut sp = Running::start(&["watch", "--pid", "1", "--no-tui", "--interval", "100ms"]);
@@ -237,7 +232,7 @@ fn after_sigkill_the_kernel_frees_every_probe_and_a_closed_stdout_ends_cleanly()
     // The pipe is closed now (its only reader dropped); the next report ends the run.
     let status = sp.child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "{status:?}");
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
 }
 
 /// A tmpfs of `kib` KiB mounted on a fresh directory, unmounted on drop.
@@ -368,7 +363,7 @@ fn doctor_tries_every_hook_and_names_what_fails_in_watchs_words() {
         "{stdout}"
     );
     assert!(stdout.contains("hooks watch uses on this kernel:"));
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
 
     let out = as_nobody(&["doctor"]);
     assert_fails(&out, 1, "fix the FAIL lines above");
@@ -546,7 +541,7 @@ fn the_dashboard_runs_in_a_real_terminal_reacts_to_keys_and_quits_cleanly() {
         !after.contains("q quit"),
         "the dashboard was left on screen:\n{after}"
     );
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
     drop(kill);
     server.stop();
 }

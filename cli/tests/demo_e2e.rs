@@ -179,7 +179,7 @@ fn the_probes_count_exactly_the_connections_of_the_demos_load() {
         .collect();
     assert_none_left(&pids);
     assert!(
-        loaded_stackprobe_programs().is_empty(),
+        programs_left_loaded().is_empty(),
         "programs left loaded after exit"
     );
 }
@@ -206,5 +206,5 @@ fn on_a_terminal_the_dashboard_shows_both_servers_and_the_fork_insight() {
         after.contains(" connections to demo-forking, "),
         "no totals after the dashboard:\n{after}"
     );
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
 }

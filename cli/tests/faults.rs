@@ -82,7 +82,7 @@ fn after_attaching_only_the_needed_capabilities_are_left_and_other_users_process
         .find(|l| l["address"] == server.tcp.as_str())
         .unwrap_or_else(|| panic!("nobody's listener not found: {}", summary["tcp"]));
     assert_eq!(listener["pid"], pid);
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
     server.stop();
 }
 
@@ -168,7 +168,7 @@ fn tracefs_unmounted_mid_run_changes_nothing_and_stackprobe_leaves_no_mount_of_i
     assert!(status.success(), "exit {status}; stderr:\n{stderr}");
     let summary = json_lines(&stdout).pop().unwrap();
     assert_eq!(row(&summary, server.pid).expect("the server")["total"], 7);
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
 
     // Without tracefs, stackprobe mounts it to read the tracepoint layouts
     // and unmounts it again once attached.
@@ -284,7 +284,7 @@ fn sigint_sigterm_and_sighup_each_end_the_run_with_its_summary_and_nothing_loade
             row(&summary, server.pid).expect("the server")["total"],
             i + 1
         );
-        assert!(loaded_stackprobe_programs().is_empty(), "signal {sig}");
+        assert!(programs_left_loaded().is_empty(), "signal {sig}");
     }
     server.stop();
 }
@@ -322,5 +322,5 @@ fn a_btf_whose_offsets_do_not_match_the_kernel_is_caught_by_the_load_time_self_c
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
 }

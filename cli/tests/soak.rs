@@ -247,5 +247,5 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
         "RSS grew from {rss_half} KiB halfway to {rss_end} KiB"
     );
     server.stop();
-    assert!(loaded_stackprobe_programs().is_empty());
+    assert!(programs_left_loaded().is_empty());
 }

@@ -369,6 +369,21 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
         .collect()
 }
 
+/// stackprobe's programs still loaded once the kernel had up to 5 s to free
+/// them: it frees a program asynchronously after its last fd closes (tp_btf
+/// programs after an RCU grace period), so right after an exit they may
+/// still be listed.
+pub fn programs_left_loaded() -> Vec<u32> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let loaded = loaded_stackprobe_programs();
+        if loaded.is_empty() || std::time::Instant::now() > deadline {
+            return loaded;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Runs a tmux command and returns its output.
 pub fn tmux(args: &[&str]) -> String {
     let out = Command::new("tmux")
