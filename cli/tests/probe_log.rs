@@ -88,12 +88,17 @@ fn log_probes_prints_the_listeners_the_kernel_attributes_connections_to() {
     assert!(!stderr.contains("listened on by"), "{stderr}");
 }
 
-/// The kernel's translated size of the loaded program `name`, in bytes.
+/// The kernel's translated size of the loaded program `name` (or of its
+/// tp_btf twin, `name_btf`, when that is the rung in use), in bytes.
 fn translated_size(s: &Session, name: &str) -> u32 {
     let ids = s.collector.probes().program_ids().unwrap();
+    let btf_twin = format!("{name}_btf");
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
-        .find(|p| ids.contains(&p.id()) && p.name_as_str() == Some(name))
+        .find(|p| {
+            ids.contains(&p.id())
+                && (p.name_as_str() == Some(name) || p.name_as_str() == Some(btf_twin.as_str()))
+        })
         .and_then(|p| p.size_translated())
         .unwrap_or_else(|| panic!("{name} is not loaded"))
 }
