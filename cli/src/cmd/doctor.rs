@@ -7,7 +7,10 @@ use std::fs;
 
 use anyhow::{Result, bail};
 
-use crate::probes::{Options, Probes, preflight, rungs::ForkRung, rungs::QueueRung};
+use crate::probes::{
+    Options, Probes, preflight,
+    rungs::{ForkRung, QueueRung, StateRung},
+};
 
 enum Verdict {
     Ok,
@@ -36,9 +39,9 @@ fn from(result: Result<()>, ok: &str) -> Line {
     }
 }
 
-/// Metric → the hook `watch` uses for it on this kernel (`fork`: the rung
-/// it picked).
-fn ladder(fork: ForkRung, queue: QueueRung) -> [(&'static str, &'static str); 5] {
+/// Metric → the hook `watch` uses for it on this kernel (for a ladder, the
+/// rung it picked).
+fn ladder(fork: ForkRung, queue: QueueRung, state: StateRung) -> [(&'static str, &'static str); 6] {
     [
         (
             "accept latency",
@@ -50,10 +53,8 @@ fn ladder(fork: ForkRung, queue: QueueRung) -> [(&'static str, &'static str); 5]
             "process lifecycle",
             "tracepoints sched/sched_process_{fork,exec,exit}",
         ),
-        (
-            "TCP sockets",
-            "iter/tcp every interval + tracepoint sock/inet_sock_set_state",
-        ),
+        ("TCP sockets", "iter/tcp (less often when sockets are many)"),
+        ("TCP state changes", state.describe()),
     ]
 }
 
@@ -76,7 +77,7 @@ pub fn run() -> Result<()> {
     if usable {
         match Probes::load(Options::default()) {
             Ok(mut probes) => {
-                hooks_used = Some((probes.fork_rung(), probes.queue_rung()));
+                hooks_used = Some((probes.fork_rung(), probes.queue_rung(), probes.state_rung()));
                 lines.push(line(
                     Verdict::Ok,
                     "tracefs and tracepoints: every probe loaded and attached; BTF offsets checked on a test connection of stackprobe's own",
@@ -137,11 +138,11 @@ pub fn run() -> Result<()> {
     if !usable {
         bail!("stackprobe watch cannot run here: fix the FAIL lines above");
     }
-    let Some((fork_hook, queue_hook)) = hooks_used else {
+    let Some((fork_hook, queue_hook, state_rung)) = hooks_used else {
         bail!("stackprobe watch cannot run here: the probes did not load");
     };
     println!("hooks watch uses on this kernel:");
-    for (metric, hook) in ladder(fork_hook, queue_hook) {
+    for (metric, hook) in ladder(fork_hook, queue_hook, state_rung) {
         println!("  {metric:<18} {hook}");
     }
     Ok(())
