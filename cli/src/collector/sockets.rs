@@ -11,7 +11,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::Result;
@@ -26,32 +26,43 @@ use crate::{
     procfs,
 };
 
-/// Walks with up to this many sockets run every interval; beyond, one walk
-/// per this many sockets more, up to [`MAX_WALK_PERIOD`] intervals apart.
-/// A TIME_WAIT socket lives 60 s, so the count now changes slowly; new
-/// TIME_WAIT is counted exactly from the state changes.
-const SOCKETS_PER_INTERVAL: usize = 5000;
-const MAX_WALK_PERIOD: u64 = 10;
+/// A walk is due once this many times its own cost has passed since the
+/// last one, which keeps walking under 0.2 % of a core however many sockets
+/// there are (a walk of 10k sockets takes ~10 ms here, so one each 5 s). A
+/// TIME_WAIT socket lives 60 s, so the count changes slowly; new TIME_WAIT
+/// is counted exactly from the state changes between walks.
+const WALK_BUDGET: u32 = 500;
+/// The oldest a TIME_WAIT count gets, however costly a walk.
+const MAX_WALK_PERIOD: Duration = Duration::from_secs(15);
 
-/// When the sockets were last walked, and how many there were.
+/// When the sockets were last walked, and what that walk cost.
 #[derive(Debug, Default)]
 pub struct Walks {
     generation: u32,
-    looks_since: u64,
-    last_sockets: usize,
+    last: Option<(Instant, Duration)>,
 }
 
 impl Walks {
-    /// Whether this look walks the sockets: always when `forced` or when
-    /// they were few, else every few looks.
-    fn due(&mut self, forced: bool) -> bool {
-        self.looks_since += 1;
-        let period = (self.last_sockets / SOCKETS_PER_INTERVAL + 1) as u64;
-        let due = forced || self.generation == 0 || self.looks_since >= period.min(MAX_WALK_PERIOD);
-        if due {
-            self.looks_since = 0;
+    /// Whether a look at `now` walks the sockets: always when `forced` or
+    /// never walked, else once the budget allows.
+    fn due(&self, forced: bool, now: Instant) -> bool {
+        match self.last {
+            None => true,
+            Some(_) if forced => true,
+            Some((at, cost)) => {
+                now.saturating_duration_since(at) >= (cost * WALK_BUDGET).min(MAX_WALK_PERIOD)
+            }
         }
-        due
+    }
+
+    fn walked(&mut self, at: Instant, cost: Duration) {
+        self.last = Some((at, cost));
+    }
+
+    /// How old the last walk is at `now`.
+    fn age(&self, now: Instant) -> Duration {
+        self.last
+            .map_or(Duration::ZERO, |(at, _)| now.saturating_duration_since(at))
     }
 }
 
@@ -79,10 +90,12 @@ impl Sockets {
     ) -> Result<SocketSnapshot> {
         let started = Instant::now();
         let links = probes.tcp_links()?;
-        let walk = if self.walks.due(force_walk) {
+        let walk = if self.walks.due(force_walk, started) {
             self.walks.generation = self.walks.generation.wrapping_add(1).max(1);
             let walked = probes.tcp_walk(self.walks.generation)?;
-            self.walks.last_sockets = walked.sockets;
+            // The iterator's time is what recurs; reading /proc for a new
+            // listener's owner happens once.
+            self.walks.walked(started, started.elapsed());
             let owners = self.listen_owners(probes, table, &walked.listeners)?;
             Some(Walk {
                 listeners: walked.listeners,
@@ -115,6 +128,7 @@ impl Sockets {
             ephemeral_ports: procfs::local_port_range()
                 .map(|(lo, hi)| u32::from(hi.saturating_sub(lo)) + 1),
             took_us: started.elapsed().as_micros() as u64,
+            walk_age: self.walks.age(Instant::now()),
         })
     }
 
@@ -284,21 +298,23 @@ mod tests {
     }
 
     #[test]
-    fn many_sockets_are_walked_less_often_but_a_forced_walk_always_runs() {
+    fn costly_walks_run_less_often_but_a_forced_walk_always_runs() {
+        let t0 = Instant::now();
         let mut w = Walks::default();
-        assert!(w.due(false), "the first look walks");
-        w.generation = 1;
-        w.last_sockets = 100;
-        assert!(w.due(false) && w.due(false));
-        // 15000 sockets: one walk in four looks.
-        w.last_sockets = 3 * SOCKETS_PER_INTERVAL;
-        let walked: Vec<bool> = (0..8).map(|_| w.due(false)).collect();
-        assert_eq!(
-            walked,
-            [false, false, false, true, false, false, false, true]
-        );
-        assert!(w.due(true));
-        w.last_sockets = 1_000_000;
-        assert_eq!((0..MAX_WALK_PERIOD).filter(|_| w.due(false)).count(), 1);
+        assert!(w.due(false, t0), "the first look walks");
+        // A cheap walk (few sockets): due again by the next interval.
+        w.walked(t0, Duration::from_micros(300));
+        assert!(!w.due(false, t0 + Duration::from_millis(100)));
+        assert!(w.due(false, t0 + Duration::from_millis(150)));
+        // A 10 ms walk: the next one 5 s later, not before.
+        w.walked(t0, Duration::from_millis(10));
+        assert!(!w.due(false, t0 + Duration::from_millis(4900)));
+        assert!(w.due(false, t0 + Duration::from_secs(5)));
+        assert!(w.due(true, t0 + Duration::from_millis(1)));
+        assert_eq!(w.age(t0 + Duration::from_secs(3)), Duration::from_secs(3));
+        // However costly, never older than the cap.
+        w.walked(t0, Duration::from_secs(1));
+        assert!(!w.due(false, t0 + MAX_WALK_PERIOD - Duration::from_millis(1)));
+        assert!(w.due(false, t0 + MAX_WALK_PERIOD));
     }
 }

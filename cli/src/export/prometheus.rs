@@ -45,6 +45,7 @@ pub struct Snapshot {
     histograms: Vec<HistogramSample>,
     processes: Vec<(String, u64)>,
     time_wait: Vec<(String, u64)>,
+    walk_age_s: f64,
     drops: u64,
     lost: [(&'static str, u64); 4],
     skipped: [(&'static str, u64); 6],
@@ -94,6 +95,7 @@ impl Snapshot {
                 .map(|r| (r.role.clone(), r.processes as u64))
                 .collect(),
             time_wait: time_wait.into_iter().collect(),
+            walk_age_s: report.tcp.walk_age_ms as f64 / 1e3,
             drops: report.drops,
             lost: report.drops_by_cause.lost.by_kind(),
             skipped: report.drops_by_cause.skipped.by_kind(),
@@ -143,6 +145,13 @@ impl Collector for Published {
         for (role, n) in &s.time_wait {
             ConstGauge::new(*n as i64).encode(tw.encode_family(&[("role", role.as_str())])?)?;
         }
+        let age = encoder.encode_descriptor(
+            "stackprobe_time_wait_age_seconds",
+            "How old the walk of the sockets behind stackprobe_time_wait_sockets is (walks are spaced out when sockets are many)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(s.walk_age_s).encode(age)?;
         let drops = encoder.encode_descriptor(
             "stackprobe_dropped_events",
             "Events the probes could not deliver since the start",

@@ -190,6 +190,8 @@ pub struct LinkTable {
     /// Sockets the last snapshot walked, and how long taking it took
     /// (iterator, /proc scans and bookkeeping), in µs.
     last_snapshot: (usize, u64),
+    /// How old the last walk was at the last look.
+    walk_age: std::time::Duration,
 }
 
 /// One walk of the machine's TCP sockets: the listeners (with the watched
@@ -219,6 +221,9 @@ pub struct SocketSnapshot {
     pub ephemeral_ports: Option<u32>,
     /// How long taking the snapshot took, in µs.
     pub took_us: u64,
+    /// How old the last walk is: TIME_WAIT and listeners are as it found
+    /// them.
+    pub walk_age: std::time::Duration,
 }
 
 impl LinkTable {
@@ -248,6 +253,7 @@ impl LinkTable {
             self.set_time_wait(&walk.time_wait);
             self.last_snapshot = (walk.sockets, snapshot.took_us);
         }
+        self.walk_age = snapshot.walk_age;
         self.set_counters(snapshot.counters);
         self.ephemeral_ports = snapshot.ephemeral_ports;
         let owners: rustc_hash::FxHashSet<u32> = self.seen.keys().map(|k| k.owner).collect();
@@ -284,6 +290,11 @@ impl LinkTable {
     /// Sockets in the last snapshot, and how long taking it took in µs.
     pub fn last_snapshot(&self) -> (usize, u64) {
         self.last_snapshot
+    }
+
+    /// How old the TIME_WAIT counts and listeners were at the last look.
+    pub fn walk_age(&self) -> std::time::Duration {
+        self.walk_age
     }
 
     /// The row of `link`: its owner's role and its text, formatted once.

@@ -150,6 +150,9 @@ pub struct TcpReport {
     /// cost stackprobe (µs of wall time).
     pub sockets: usize,
     pub snapshot_us: u64,
+    /// How old the walk behind `time_wait`, `listeners` and `sockets` is,
+    /// in ms: walks are spaced out when they are costly (many sockets).
+    pub walk_age_ms: u64,
     pub warnings: Vec<String>,
 }
 
@@ -387,6 +390,7 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
         ephemeral_ports: ports,
         sockets: links.last_snapshot().0,
         snapshot_us: links.last_snapshot().1,
+        walk_age_ms: links.walk_age().as_millis() as u64,
         warnings,
     }
 }

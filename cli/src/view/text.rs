@@ -144,7 +144,12 @@ fn role_block(r: &RoleRow) -> String {
 fn tcp_block(tcp: &TcpReport) -> String {
     let mut out = String::new();
     if !tcp.links.is_empty() {
-        out.push_str("connections:\n");
+        match super::time_wait_age(tcp) {
+            Some(age) => {
+                let _ = writeln!(out, "connections: ({age})");
+            }
+            None => out.push_str("connections:\n"),
+        }
     }
     for l in &tcp.links {
         let who = l.owner.as_deref().unwrap_or("unknown");

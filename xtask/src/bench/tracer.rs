@@ -222,12 +222,28 @@ pub fn program_ids() -> Result<HashSet<u64>> {
     Ok(programs()?.into_iter().map(|p| p.0).collect())
 }
 
-/// (runs, run time ns) summed over programs not in `before`.
-pub fn new_program_runs(before: &HashSet<u64>) -> Result<(u64, u64)> {
+/// What programs not in `before` have run so far.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProgramRuns {
+    pub runs: u64,
+    pub ns: u64,
+    /// Run time of the socket iterator, which runs inside the tracer's own
+    /// read() and so is in the tracer's system time too.
+    pub in_tracer_ns: u64,
+}
+
+pub fn new_program_runs(before: &HashSet<u64>) -> Result<ProgramRuns> {
     Ok(programs()?
         .into_iter()
         .filter(|p| !before.contains(&p.0))
-        .fold((0, 0), |(r, t), p| (r + p.2, t + p.3)))
+        .fold(ProgramRuns::default(), |mut r, p| {
+            r.runs += p.2;
+            r.ns += p.3;
+            if p.1 == probes_common::sock::ITER_PROGRAM {
+                r.in_tracer_ns += p.3;
+            }
+            r
+        }))
 }
 
 /// Kernel memory of every BPF map now (bytes_memlock, as bpftool reports it).

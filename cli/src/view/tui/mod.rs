@@ -630,8 +630,16 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
     } else {
         links.join("\n")
     };
+    let title = match d
+        .report
+        .as_ref()
+        .and_then(|rep| super::time_wait_age(&rep.tcp))
+    {
+        Some(age) => format!(" links: {age} "),
+        None => " links ".to_string(),
+    };
     frame.render_widget(
-        Paragraph::new(links).block(Block::default().borders(Borders::TOP).title(" links ")),
+        Paragraph::new(links).block(Block::default().borders(Borders::TOP).title(title)),
         links_area,
     );
 }
