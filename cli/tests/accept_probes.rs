@@ -60,6 +60,81 @@ fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
     other.stop();
 }
 
+/// Waits until `n` threads of `pid` are inside accept() or accept4().
+fn wait_in_accept(pid: u32, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let in_accept = [libc::SYS_accept, libc::SYS_accept4].map(|nr| nr.to_string());
+    loop {
+        let blocked = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("syscall")).ok())
+            .filter(|line| {
+                let nr = line.split_whitespace().next().unwrap_or("");
+                in_accept.iter().any(|a| a == nr)
+            })
+            .count();
+        if blocked >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{blocked} of {n} threads in accept"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn accepts_already_blocked_at_attach_are_counted_with_their_latency_unknown() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("blocked");
+    let unix_path = dir.0.join("blocked.sock");
+    let mut server = Server::start(Some(&unix_path));
+    // A thread blocked in accept on each listener before the probes attach:
+    // the first accept of each has no start the probes saw.
+    server.run("accept-threads 37 21", "accepting");
+    wait_in_accept(server.pid, 2);
+    let mut s = Session::start();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
+
+    for _ in 0..37 {
+        tcp_connect_and_read(&server.tcp);
+    }
+    for _ in 0..21 {
+        let mut conn = std::os::unix::net::UnixStream::connect(&unix_path).unwrap();
+        read_byte_then_eof(&mut conn);
+    }
+    assert_eq!(server.line(), "accepted 37+21");
+    s.collect();
+
+    let a = &s.collector.table().get(server.pid).unwrap().activity;
+    assert_eq!(
+        (a.accept.total.count(), a.accept_untimed.total),
+        (37 + 21 - 2, 2),
+        "every accept counted; the two blocked at attach without a latency"
+    );
+    let text = s
+        .collector
+        .finish(|frame| {
+            let role = &frame.report.roles[0];
+            assert_eq!(role.accept.latency.count + role.accept_untimed.count, 58);
+            assert_eq!(role.accept_untimed.count, 2);
+            let json = stackprobe::view::json::render(&frame.report);
+            assert!(
+                json.contains(r#""accept_untimed":{"count":2,"total":2}"#),
+                "{json}"
+            );
+            Ok(stackprobe::view::text::render(&frame.report))
+        })
+        .unwrap();
+    assert!(
+        text.contains("accepts 56") && text.contains("accepts of unknown latency 2"),
+        "{text}"
+    );
+    assert_eq!(s.collector.probes().drops().unwrap(), Drops::default());
+    server.stop();
+}
+
 #[test]
 fn a_blocking_accept_includes_its_wait() {
     let _lock = probe_lock();

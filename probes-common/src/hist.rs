@@ -46,16 +46,21 @@ pub enum HistMetric {
     ForkUnknown = 4,
     /// A failed clone: only its count matters.
     ForkFailed = 5,
+    /// Accepts whose start was not seen (the thread was already blocked in
+    /// accept() when the probes attached): counted, with no latency. Their
+    /// samples are recorded as 0 ns; only the count means anything.
+    AcceptUntimed = 6,
 }
 
 impl HistMetric {
-    pub const ALL: [HistMetric; 6] = [
+    pub const ALL: [HistMetric; 7] = [
         Self::Accept,
         Self::AcceptQueue,
         Self::Fork,
         Self::Thread,
         Self::ForkUnknown,
         Self::ForkFailed,
+        Self::AcceptUntimed,
     ];
 
     /// The metric a clone's sample goes under: a failed clone (`ret` a
@@ -191,7 +196,7 @@ mod tests {
         for m in HistMetric::ALL {
             assert_eq!(HistMetric::from_u32(m as u32), Some(m));
         }
-        assert_eq!(HistMetric::from_u32(6), None);
+        assert_eq!(HistMetric::from_u32(7), None);
     }
 
     #[test]

@@ -123,6 +123,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         return 0;
     };
     if slot.start_ns == 0 || slot.tid != tid {
+        untimed(&ctx, pid_tgid);
         return 0;
     }
     let start_ns = slot.start_ns;
@@ -162,4 +163,18 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         hist::record(tgid, HistMetric::AcceptQueue, end_ns.saturating_sub(at));
     }
     0
+}
+
+/// An accept of a watched process whose enter was not seen (its thread was
+/// blocked in accept() when the probes attached, or its slot was taken):
+/// counted, since the connection was accepted, but with no latency.
+#[inline(always)]
+fn untimed(ctx: &TracePointContext, pid_tgid: u64) {
+    let tgid = (pid_tgid >> 32) as u32;
+    if !is_watched(tgid) {
+        return;
+    }
+    if memory::field::<i64>(ctx, &ACCEPT_EXIT_RET_OFFSET).is_some_and(|ret| ret >= 0) {
+        hist::record(tgid, HistMetric::AcceptUntimed, 0);
+    }
 }

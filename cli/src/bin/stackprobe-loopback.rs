@@ -166,6 +166,27 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                 }
                 say(format!("accepted {n}"))?;
             }
+            ["accept-threads", n_tcp, n_unix] => {
+                // A thread per listener, each blocked in accept until its
+                // connections come, as php-fpm workers and thread-per-
+                // listener servers are; "accepting" once both are started.
+                let n_tcp: u64 = n_tcp.parse().map_err(|e| format!("tcp count: {e}"))?;
+                let n_unix: u64 = n_unix.parse().map_err(|e| format!("unix count: {e}"))?;
+                let tcp_fd = tcp.as_raw_fd();
+                let unix_fd = unix.as_ref().ok_or("no --unix listener")?.as_raw_fd();
+                std::thread::scope(|scope| -> Result<()> {
+                    let tcp =
+                        scope.spawn(move || (0..n_tcp).try_for_each(|_| accept_one(tcp_fd, false)));
+                    let unix = scope
+                        .spawn(move || (0..n_unix).try_for_each(|_| accept_one(unix_fd, true)));
+                    say("accepting".into())?;
+                    for t in [tcp, unix] {
+                        t.join().map_err(|_| "an accept thread panicked")??;
+                    }
+                    Ok(())
+                })?;
+                say(format!("accepted {n_tcp}+{n_unix}"))?;
+            }
             ["threads", n] => {
                 let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
                 threads(n, None)?;

@@ -81,6 +81,9 @@ impl Metric {
 #[derive(Clone, Debug, Default)]
 pub struct Activity {
     pub accept: Metric,
+    /// Accepts whose latency is unknown: their thread was already blocked
+    /// in accept() when the probes attached.
+    pub accept_untimed: Counter,
     /// Accept-queue wait of the connections accepted.
     pub accept_queue: Metric,
     /// Latency of clones that created a process (count = processes forked).
@@ -125,6 +128,7 @@ impl Activity {
         .iter()
         .all(|m| m.total.is_empty())
             && [
+                self.accept_untimed,
                 self.fork_unknown,
                 self.fork_failed,
                 self.execs,
@@ -137,6 +141,7 @@ impl Activity {
 
     pub fn add(&mut self, other: &Activity, span: Span) {
         self.accept.add(&other.accept, span);
+        self.accept_untimed.add_counter(&other.accept_untimed);
         self.accept_queue.add(&other.accept_queue, span);
         self.fork.add(&other.fork, span);
         self.thread.add(&other.thread, span);
@@ -155,6 +160,7 @@ impl Activity {
         self.thread.reset_interval();
         self.child_lifetime.reset_interval();
         for c in [
+            &mut self.accept_untimed,
             &mut self.fork_unknown,
             &mut self.fork_failed,
             &mut self.execs,
@@ -301,6 +307,7 @@ impl ProcessTable {
             HistMetric::Thread => a.thread.record_kernel(d),
             HistMetric::ForkUnknown => a.fork_unknown.add(d.count),
             HistMetric::ForkFailed => a.fork_failed.add(d.count),
+            HistMetric::AcceptUntimed => a.accept_untimed.add(d.count),
         }
     }
 
@@ -574,6 +581,7 @@ mod tests {
             (HistMetric::Thread, 2),
             (HistMetric::ForkUnknown, 6),
             (HistMetric::ForkFailed, 7),
+            (HistMetric::AcceptUntimed, 8),
         ] {
             t.apply(&hist(10, metric, count));
         }
@@ -587,6 +595,8 @@ mod tests {
         assert_eq!(a.fork.total.count(), 3);
         assert_eq!(a.thread.total.count(), 2);
         assert_eq!((a.fork_unknown.total, a.fork_failed.total), (6, 7));
+        // Untimed accepts are counted apart: no sample joins the latencies.
+        assert_eq!(a.accept_untimed.total, 8);
         assert_eq!(t.get(10).unwrap().name, "srv10");
         assert_eq!(t.get(12).unwrap().name, "[12]");
     }

@@ -87,6 +87,10 @@ pub struct RoleRow {
     /// Some of their pids (at most [`PIDS_SHOWN`]).
     pub pids: Vec<u32>,
     pub accept: MetricRow,
+    /// Accepts with no latency sample: their thread was already blocked in
+    /// accept() when the probes attached, so their start is unknown. Not in
+    /// `accept`; accepted connections are both together.
+    pub accept_untimed: CountRow,
     /// Accept-queue wait: from the handshake completing to the accept
     /// returning the connection (TCP connections to watched listeners).
     pub accept_queue: MetricRow,
@@ -120,8 +124,11 @@ pub struct ProcessRow {
     pub metric: &'static str,
     /// Accepts per second over the period.
     pub rate_per_s: f64,
-    /// Accepts since the start.
+    /// Accepts since the start (with a latency sample).
     pub total: u64,
+    /// Accepts since the start whose latency is unknown (blocked in
+    /// accept() when the probes attached).
+    pub untimed: u64,
     /// The period's accept latency distribution; `count` is the period's accepts.
     #[serde(flatten)]
     pub latency: Summary,
@@ -267,7 +274,9 @@ impl Report {
         // server that went quiet shows 0 rather than vanishing.
         let mut processes: Vec<ProcessRow> = table
             .iter()
-            .filter(|proc| !proc.activity.accept.total.is_empty())
+            .filter(|proc| {
+                !proc.activity.accept.total.is_empty() || proc.activity.accept_untimed.total > 0
+            })
             .map(|proc| {
                 let accept = p.metric(&proc.activity.accept);
                 ProcessRow {
@@ -277,6 +286,7 @@ impl Report {
                     metric: ACCEPT_METRIC,
                     rate_per_s: accept.rate_per_s,
                     total: accept.total,
+                    untimed: proc.activity.accept_untimed.total,
                     latency: accept.latency,
                     log2_buckets: accept.log2_buckets,
                     forks: p.hist(&proc.activity.fork).count(),
@@ -398,13 +408,15 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
 fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Activity) -> RoleRow {
     let accept = p.metric(&a.accept);
     let fork = p.metric(&a.fork);
-    let forks_per_accept =
-        (accept.latency.count > 0).then(|| fork.latency.count as f64 / accept.latency.count as f64);
+    let accept_untimed = p.count(&a.accept_untimed);
+    let accepted = accept.latency.count + accept_untimed.count;
+    let forks_per_accept = (accepted > 0).then(|| fork.latency.count as f64 / accepted as f64);
     RoleRow {
         role,
         processes: pids.len(),
         pids: pids.iter().copied().take(PIDS_SHOWN).collect(),
         accept,
+        accept_untimed,
         accept_queue: p.metric(&a.accept_queue),
         fork,
         thread: p.metric(&a.thread),
@@ -680,6 +692,7 @@ mod tests {
             "processes",
             "pids",
             "accept",
+            "accept_untimed",
             "fork",
             "thread",
             "fork_unknown",

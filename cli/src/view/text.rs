@@ -99,6 +99,13 @@ fn role_block(r: &RoleRow) -> String {
             r.accept.latency.count, r.accept.rate_per_s
         );
     }
+    if r.accept_untimed.total > 0 {
+        let _ = write!(
+            out,
+            "  accepts of unknown latency {} (blocked in accept() before the probes attached)",
+            r.accept_untimed.count
+        );
+    }
     if r.fork.total > 0 {
         let _ = write!(
             out,

@@ -520,8 +520,15 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
     } else {
         ""
     };
+    // Accepts of threads blocked in accept() at attach have no latency:
+    // said beside the percentiles, which do not include them.
+    let untimed = if r.accept_untimed.total > 0 {
+        format!(" · accepts of unknown latency {}", r.accept_untimed.total)
+    } else {
+        String::new()
+    };
     let title = format!(
-        " {} · {} process{} · forks/accept {} · children alive {} · pids {}{more} ",
+        " {} · {} process{} · forks/accept {} · children alive {}{untimed} · pids {}{more} ",
         r.role,
         r.processes,
         if r.processes == 1 { "" } else { "es" },
