@@ -250,6 +250,59 @@ fn a_server_that_closes_first_owns_the_time_wait_sockets() {
     server.stop();
 }
 
+#[test]
+fn connections_belong_to_the_process_that_accepts_them_not_the_listeners_holder() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("acceptor");
+    // Two watched processes with names of their own: the server that
+    // accepts, and one the kernel is first told holds its listener (as a
+    // master that accepts nothing would).
+    let acceptor_bin = dir.0.join("sp-acceptor");
+    let holder_bin = dir.0.join("sp-holder");
+    std::os::unix::fs::symlink(LOOPBACK, &acceptor_bin).unwrap();
+    std::os::unix::fs::symlink(LOOPBACK, &holder_bin).unwrap();
+    let mut server = Server::start_as(&acceptor_bin, None);
+    let holder = Server::start_as(&holder_bin, None);
+    let mut s = Session::start();
+    for pid in [server.pid, holder.pid] {
+        s.collector.probes_mut().watch_pid(pid).unwrap();
+    }
+    s.sync();
+    s.collector.observe_sockets().unwrap();
+    let port: u16 = server.tcp.rsplit(':').next().unwrap().parse().unwrap();
+    s.collector
+        .probes_mut()
+        .set_listen_owner(port, holder.pid)
+        .unwrap();
+
+    // One connection at a time: the first completes its handshake before
+    // anyone accepted there, so it is the holder's; its accept hands the
+    // port to the acceptor, whose are all the others.
+    let n = 12;
+    server.send(&format!("accept {n} tcp accept4"));
+    for _ in 0..n {
+        tcp_connect_and_read(&server.tcp);
+    }
+    server.wait_accepted(n);
+    let passive = format!("{} ← 127.0.0.1", server.tcp);
+    observe_until(&mut s, |s| {
+        s.collector.table().links.iter().any(|(k, st)| {
+            k.owner.as_deref() == Some("sp-acceptor")
+                && k.peer == passive
+                && st.closes.total == n - 1
+        })
+    });
+    let acceptor = link(&s, "sp-acceptor", &passive);
+    assert_eq!(
+        (acceptor.opens.total, acceptor.closes.total),
+        (n - 1, n - 1)
+    );
+    let first = link(&s, "sp-holder", &passive);
+    assert_eq!((first.opens.total, first.closes.total), (1, 1));
+    server.stop();
+    holder.stop();
+}
+
 /// The accept-queue hooks that must work on this kernel:
 /// `STACKPROBE_EXPECT_QUEUE_HOOKS` (comma-separated; `cargo xtask vm-test`
 /// sets it per kernel of the matrix), else only the fd walk, which every

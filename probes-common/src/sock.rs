@@ -333,6 +333,20 @@ pub struct Closer {
 
 crate::assert_layout!(Closer, 8, { owner: 0, side: 4, _pad: 5 });
 
+/// Who the connections arriving at a watched listening port belong to:
+/// first the holder of the listening socket userspace chose, then, once
+/// one accepts there, the process that accepts (an nginx or php-fpm worker,
+/// not the master that holds the socket and accepts nothing).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenOwner {
+    pub owner: u32,
+    /// Non-zero once `owner` was seen accepting on the port.
+    pub accepted: u32,
+}
+
+crate::assert_layout!(ListenOwner, 8, { owner: 0, accepted: 4 });
+
 /// A listening socket of a watched process opened or closed: the rare TCP
 /// changes that still go through the ring buffer.
 #[repr(C)]
@@ -383,6 +397,7 @@ crate::assert_layout!(TcpStateEvent, 80, {
 #[cfg(feature = "user")]
 mod user_state {
     unsafe impl aya::Pod for super::TcpStateEvent {}
+    unsafe impl aya::Pod for super::ListenOwner {}
     unsafe impl aya::Pod for super::IterConfig {}
     unsafe impl aya::Pod for super::TwCount {}
     unsafe impl aya::Pod for super::TrackedSocket {}

@@ -13,7 +13,7 @@ use aya_log_ebpf::debug;
 use probes_common::{accept::SOCK_FROM_HOOK, hist::HistMetric, stats::Stat};
 
 use crate::{
-    clock::now, events, handshakes, hist, memory, offsets::offset_globals, slots,
+    clock::now, events, handshakes, hist, memory, offsets::offset_globals, slots, tcp_links,
     watch_set::is_watched,
 };
 
@@ -159,6 +159,9 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     };
     hist::record(tgid, HistMetric::Accept, end_ns.saturating_sub(start_ns));
     // Unknown for unix sockets and connections established before attach.
+    if let Some(sk) = sk {
+        tcp_links::accepted(sk, tgid, is_watched);
+    }
     if let Some(at) = sk.and_then(handshakes::take) {
         hist::record(tgid, HistMetric::AcceptQueue, end_ns.saturating_sub(at));
     }

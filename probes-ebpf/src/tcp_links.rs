@@ -12,7 +12,8 @@ use aya_ebpf::{
 use probes_common::{
     sock::{
         AF_INET6, Closer, LINKS_MAX_ENTRIES, LISTEN_OWNERS_MAX_ENTRIES, LinkCounts, LinkKey,
-        SIDE_ACTIVE, SOCK_WINDOW, TW_CLOSERS_MAX_ENTRIES, TW_COUNTS_MAX_ENTRIES, Tuple, TwCount,
+        ListenOwner, SIDE_ACTIVE, SOCK_WINDOW, TW_CLOSERS_MAX_ENTRIES, TW_COUNTS_MAX_ENTRIES,
+        Tuple, TwCount,
     },
     stats::Stat,
 };
@@ -25,11 +26,12 @@ use crate::{
 
 probes_common::sock_common_members!(offset_globals);
 
-/// Map from a listening port to the watched process listening on it: the
-/// owner of connections that arrive there (their handshake completes in
-/// softirq, where the current task is not the owner).
+/// Map from a listening port to the watched process connections arriving
+/// there belong to (their handshake completes in softirq, where the current
+/// task is not the owner): a holder of the socket, then who accepts there.
 #[map]
-static LISTEN_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(LISTEN_OWNERS_MAX_ENTRIES, 0);
+static LISTEN_OWNERS: HashMap<u32, ListenOwner> =
+    HashMap::with_max_entries(LISTEN_OWNERS_MAX_ENTRIES, 0);
 
 #[map]
 static LINKS: PerCpuHashMap<LinkKey, LinkCounts> =
@@ -149,23 +151,47 @@ impl Ends {
     }
 }
 
-/// The watched process listening on `port`, if any.
+/// The watched process connections arriving at `port` belong to, if any.
 #[inline(always)]
 pub fn listen_owner(port: u16) -> Option<u32> {
     // SAFETY: the map is preallocated (no BPF_F_NO_PREALLOC) and the value
     // copied out at once.
-    unsafe { LISTEN_OWNERS.get(u32::from(port)) }.copied()
+    unsafe { LISTEN_OWNERS.get(u32::from(port)) }.map(|o| o.owner)
 }
 
 #[inline(always)]
-/// Records `owner` as `port`'s listener; false (and counted) when the map
-/// had no room.
+/// Records `owner` as `port`'s listener (it just listened there); false
+/// (and counted) when the map had no room.
 pub fn set_listen_owner(port: u16, owner: u32) -> bool {
-    let recorded = LISTEN_OWNERS.insert(u32::from(port), owner, 0).is_ok();
+    let value = ListenOwner { owner, accepted: 0 };
+    let recorded = LISTEN_OWNERS.insert(u32::from(port), value, 0).is_ok();
     if !recorded {
         events::count(Stat::ListenOwnersFull);
     }
     recorded
+}
+
+/// Process `tgid` accepted the socket at `sk`: if it arrived at a watched
+/// listener whose owner has not accepted there (or is gone), connections
+/// arriving there are `tgid`'s from now on. A worker then owns what its
+/// master holds; workers of one pool take turns, which changes nothing per
+/// role, and only the first accept writes.
+#[inline(always)]
+pub fn accepted(sk: u64, tgid: u32, is_watched: impl Fn(u32) -> bool) {
+    let Some(port) = read::<u16>(sk, &SKC_NUM) else {
+        return;
+    };
+    let Some(entry) = LISTEN_OWNERS.get_ptr_mut(u32::from(port)) else {
+        return;
+    };
+    // SAFETY: a value of a preallocated map, written whole u32 by u32; a
+    // racing writer at worst leaves the other acceptor of the same port.
+    unsafe {
+        if (*entry).owner != tgid && ((*entry).accepted == 0 || !is_watched((*entry).owner)) {
+            (*entry).owner = tgid;
+            (*entry).accepted = 1;
+        }
+    }
 }
 
 #[inline(always)]

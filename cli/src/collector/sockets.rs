@@ -71,6 +71,11 @@ pub struct Sockets {
     /// Listening socket inode → the watched process holding it (the lowest
     /// pid: a master and its workers share it), None if none does.
     owner_of: HashMap<u64, Option<u32>>,
+    /// Listening socket inode → who the kernel first gives its connections
+    /// to: a worker holding it when its parent (the master) holds it too,
+    /// since masters hold and workers accept; else the owner. The accept
+    /// probe then moves them to whoever really accepts.
+    seed_of: HashMap<u64, u32>,
     /// Watched pids whose fds were read for the inodes that are still
     /// unowned.
     scanned: HashSet<u32>,
@@ -147,20 +152,27 @@ impl Sockets {
             .collect();
         let mut pids: Vec<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
         pids.sort_unstable();
-        self.find_owners(&listening, &pids, procfs::socket_inodes);
+        let parent_of = |pid: u32| table.get(pid).and_then(|p| p.parent.as_ref()).map(|p| p.0);
+        self.find_owners(&listening, &pids, procfs::socket_inodes, parent_of);
         let mut owners: HashMap<u16, u32> = HashMap::new();
+        let mut seeds: HashMap<u16, u32> = HashMap::new();
         for (ino, owner) in &self.owner_of {
             if let (Some(pid), Some(&port)) = (owner, listening.get(ino)) {
                 owners
                     .entry(port)
                     .and_modify(|p| *p = (*p).min(*pid))
                     .or_insert(*pid);
+                let seed = self.seed_of.get(ino).copied().unwrap_or(*pid);
+                seeds
+                    .entry(port)
+                    .and_modify(|p| *p = (*p).min(seed))
+                    .or_insert(seed);
             }
         }
-        for (&port, &owner) in &owners {
-            if self.told.get(&port) != Some(&owner) {
-                probes.set_listen_owner(port, owner)?;
-                self.told.insert(port, owner);
+        for (&port, &seed) in &seeds {
+            if self.told.get(&port) != Some(&seed) {
+                probes.set_listen_owner(port, seed)?;
+                self.told.insert(port, seed);
             }
         }
         Ok(owners)
@@ -174,6 +186,7 @@ impl Sockets {
         listening: &HashMap<u64, u16>,
         pids: &[u32],
         socket_inodes: impl Fn(u32) -> Vec<u64>,
+        parent_of: impl Fn(u32) -> Option<u32>,
     ) {
         let watched: HashSet<u32> = pids.iter().copied().collect();
         // Closed sockets go; a socket whose owner left is looked for again.
@@ -204,6 +217,7 @@ impl Sockets {
         for &ino in &unseen {
             self.owner_of.insert(ino, None);
         }
+        let mut holders: HashMap<u64, Vec<u32>> = HashMap::new();
         if !wanted.is_empty() {
             for pid in readers {
                 for ino in socket_inodes(pid) {
@@ -213,10 +227,25 @@ impl Sockets {
                         // Lowest pid first: the first found is the owner,
                         // unless a lower one was found in an earlier look.
                         *owner = Some(owner.map_or(pid, |o| o.min(pid)));
+                        holders.entry(ino).or_default().push(pid);
                     }
                 }
             }
         }
+        for (ino, pids) in holders {
+            let worker = pids
+                .iter()
+                .copied()
+                .filter(|&pid| parent_of(pid).is_some_and(|parent| pids.contains(&parent)))
+                .min();
+            match worker {
+                Some(pid) => self.seed_of.insert(ino, pid),
+                None => self.seed_of.remove(&ino),
+            };
+        }
+        let owner_of = &self.owner_of;
+        self.seed_of
+            .retain(|ino, pid| owner_of.contains_key(ino) && watched.contains(pid));
         self.scanned = watched;
     }
 }
@@ -254,13 +283,45 @@ mod tests {
         }
     }
 
+    fn no_parent(_: u32) -> Option<u32> {
+        None
+    }
+
+    #[test]
+    fn a_worker_holding_its_masters_socket_is_told_to_the_kernel_first() {
+        let mut s = Sockets::default();
+        // nginx: master 10 and workers 11, 12 hold listener 100. postgres:
+        // postmaster 20 holds 300 and its backend 21 does not.
+        let fds = Fds::new(&[(10, &[100]), (11, &[100]), (12, &[100]), (20, &[300])]);
+        let parents = HashMap::from([(11, 10), (12, 10), (21, 20)]);
+        let listening = HashMap::from([(100, 80), (300, 5432)]);
+        s.find_owners(
+            &listening,
+            &[10, 11, 12, 20, 21],
+            |p| fds.inodes(p),
+            |p| parents.get(&p).copied(),
+        );
+        assert_eq!(s.owner_of[&100], Some(10), "the master holds it");
+        assert_eq!(s.seed_of.get(&100), Some(&11), "a worker accepts there");
+        assert_eq!(s.owner_of[&300], Some(20));
+        assert_eq!(s.seed_of.get(&300), None, "the postmaster accepts itself");
+        // The worker leaves: the seed goes with it.
+        s.find_owners(
+            &listening,
+            &[10, 12, 20, 21],
+            |p| fds.inodes(p),
+            |p| parents.get(&p).copied(),
+        );
+        assert_eq!(s.seed_of.get(&100), None);
+    }
+
     #[test]
     fn owners_are_cached_and_only_what_changed_is_read() {
         let mut s = Sockets::default();
         // A master (10) and a worker (11) share listener 100; 12 holds nothing.
         let fds = Fds::new(&[(10, &[100]), (11, &[100]), (12, &[7])]);
         let listening = HashMap::from([(100, 80), (200, 22)]);
-        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p));
+        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p), no_parent);
         assert_eq!(
             fds.taken(),
             vec![10, 11, 12],
@@ -276,24 +337,27 @@ mod tests {
             "no watched process holds sshd's socket"
         );
 
-        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p));
+        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p), no_parent);
         assert!(fds.taken().is_empty(), "nothing changed: no fd read");
 
         // A new watched process: only it is read, for the unowned socket.
         let fds = Fds::new(&[(10, &[100]), (11, &[100]), (13, &[200])]);
-        s.find_owners(&listening, &[10, 11, 12, 13], |p| fds.inodes(p));
+        s.find_owners(&listening, &[10, 11, 12, 13], |p| fds.inodes(p), no_parent);
         assert_eq!(fds.taken(), vec![13]);
         assert_eq!(s.owner_of[&200], Some(13));
 
         // The master leaves: its socket is looked for again among all.
-        s.find_owners(&listening, &[11, 12, 13], |p| fds.inodes(p));
+        s.find_owners(&listening, &[11, 12, 13], |p| fds.inodes(p), no_parent);
         assert_eq!(fds.taken(), vec![11, 12, 13]);
         assert_eq!(s.owner_of[&100], Some(11));
 
         // A closed socket is forgotten.
-        s.find_owners(&HashMap::from([(200, 22)]), &[11, 12, 13], |p| {
-            fds.inodes(p)
-        });
+        s.find_owners(
+            &HashMap::from([(200, 22)]),
+            &[11, 12, 13],
+            |p| fds.inodes(p),
+            no_parent,
+        );
         assert!(!s.owner_of.contains_key(&100));
     }
 

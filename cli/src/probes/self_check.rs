@@ -37,7 +37,7 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
     // forget them as they do any watched socket.
     let checked = connect_and_check(ebpf, listener, addr);
     watch_set.remove(me);
-    let mut owners: HashMap<_, u32, u32> = HashMap::try_from(
+    let mut owners: HashMap<_, u32, probes_common::sock::ListenOwner> = HashMap::try_from(
         ebpf.map_mut(LISTEN_OWNERS_MAP)
             .ok_or_else(|| anyhow!("the probes lack {LISTEN_OWNERS_MAP}"))?,
     )?;

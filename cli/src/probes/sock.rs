@@ -14,7 +14,7 @@ use aya::{
 use probes_common::sock::{
     AF_INET, AF_INET6, CLOSE_MEMBERS, ITER_AGGREGATE, ITER_CONFIG_MAP, ITER_EVERY_SOCKET,
     ITER_MEMBERS, ITER_PROGRAM, IterConfig, LINKS_MAP, LISTEN_OWNERS_MAP, LinkCounts, LinkKey,
-    PROTOCOL_MEMBER, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, SOCK_COMMON_MEMBERS,
+    ListenOwner, PROTOCOL_MEMBER, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, SOCK_COMMON_MEMBERS,
     SOCK_COMMON_SIZES, SOCK_WINDOW, STATE_BTF_EVENT, STATE_BTF_PROGRAM, STATE_FIELD_SIZES,
     STATE_FIELDS, STATE_PROGRAM, TW_COUNTS_MAP, TwCount,
 };
@@ -105,15 +105,19 @@ fn attach_btf_tracepoint(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
 }
 
 /// Tells the kernel who owns a listening port, so connections arriving there
-/// (whose handshake completes in softirq) are attributed to it.
+/// (whose handshake completes in softirq) are attributed to it; unless the
+/// accept probe found who accepts there, which it keeps.
 pub fn set_listen_owner(ebpf: &mut Ebpf, port: u16, owner: u32) -> Result<()> {
     let map = ebpf
         .map_mut(LISTEN_OWNERS_MAP)
         .context("the probes lack the LISTEN_OWNERS map")?;
-    let mut owners: HashMap<_, u32, u32> = HashMap::try_from(map)?;
+    let mut owners: HashMap<_, u32, ListenOwner> = HashMap::try_from(map)?;
     match owners.get(&u32::from(port), 0) {
-        Ok(current) if current == owner => Ok(()),
-        Ok(_) | Err(MapError::KeyNotFound) => Ok(owners.insert(u32::from(port), owner, 0)?),
+        Ok(current) if current.owner == owner || current.accepted != 0 => Ok(()),
+        Ok(_) | Err(MapError::KeyNotFound) => {
+            let value = ListenOwner { owner, accepted: 0 };
+            Ok(owners.insert(u32::from(port), value, 0)?)
+        }
         Err(e) => Err(e.into()),
     }
 }
