@@ -123,9 +123,9 @@ pub fn up() -> Result<()> {
 
 fn start_all() -> Result<()> {
     start_postgres()?;
-    run_cmd(Command::new(php_fpm()?).args(["--fpm-config", &path("php-fpm.conf")]))?;
+    run_cmd(daemon(php_fpm()?).args(["--fpm-config", &path("php-fpm.conf")]))?;
     for conf in ["nginx-backend.conf", "nginx-frontend.conf"] {
-        run_cmd(Command::new("nginx").args([
+        run_cmd(daemon("nginx").args([
             "-c",
             &path(conf),
             "-p",
@@ -325,8 +325,27 @@ fn php_fpm() -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("php-fpm is not installed (/usr/sbin/php-fpm*)"))
 }
 
+/// A command whose daemons keep none of our open files but stdio: a lock
+/// held by whoever ran `lab up` (`flock … cargo xtask lab up`) would
+/// otherwise stay held as long as the lab runs.
+fn daemon(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = Command::new(program);
+    // SAFETY: close_range only closes descriptors; nothing else runs
+    // between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 fn as_postgres(program: &Path) -> Command {
-    let mut cmd = Command::new("runuser");
+    let mut cmd = daemon("runuser");
     cmd.args(["-u", "postgres", "--"])
         .arg(program)
         .current_dir("/");
