@@ -1,39 +1,36 @@
-//! The userspace hot path: what each ring-buffer record costs (decode, then
-//! the process table), and what each interval costs (building the report and
-//! rendering it). Run: `cargo bench -p stackprobe --bench hot_path`.
+//! What userspace does each interval, since accept and fork samples stay in
+//! the kernel's histograms: merge what every histogram gained (and the few
+//! lifecycle events the ring carries) into the process table, then build the
+//! interval's report and render it. Run:
+//! `cargo bench -p stackprobe --bench hot_path`.
 //!
-//! The scenario is docs/lab.md's: a postmaster that accepts and forks a
-//! backend per connection, next to pooled workers that only accept.
+//! The map and /proc reads around the merge need root and a loaded probe;
+//! what is measured is everything userspace computes on their results.
 
-use std::{hint::black_box, time::Duration};
+use std::{collections::HashMap, hint::black_box, time::Duration};
 
-use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use probes_common::{
     TASK_COMM_LEN,
-    accept::{AcceptEvent, QUEUE_WAIT_UNKNOWN},
     event::EventKind,
-    fork::{FORK_FLAGS, ForkEvent},
+    fork::FORK_FLAGS,
+    hist::{HistKey, HistMetric, HistValue},
     lifecycle::{ExitEvent, SpawnEvent},
 };
 use stackprobe::{
     model::{
-        event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
+        event::Event,
+        insights,
         probe_stats::Drops,
         process::{LiveProcess, ProcessTable},
         report::{Report, ReportKind},
     },
-    probes::decode,
+    probes::{decode, hist::KernelHists},
     view,
 };
 
-const POSTMASTER: u32 = 100;
-/// Backends take pids from here; up to `BACKENDS_ALIVE` live at once.
-const FIRST_BACKEND: u32 = 1_000;
-const BACKENDS_ALIVE: u32 = 8;
-const FIRST_WORKER: u32 = 10_000;
-const WORKERS: u32 = 300;
-/// Records per measured batch: one drain's worth (every 50 ms) at 20k events/s.
-const BATCH: usize = 1_024;
+/// The kernel keeps a value per CPU; this machine has two.
+const CPUS: usize = 2;
 
 /// A deterministic spread of latencies (xorshift), so every run measures the
 /// same histogram shape.
@@ -51,118 +48,35 @@ impl Latencies {
     }
 }
 
-fn comm(name: &str) -> [u8; TASK_COMM_LEN] {
-    let mut c = [0; TASK_COMM_LEN];
-    c[..name.len()].copy_from_slice(name.as_bytes());
-    c
-}
+/// The kernel's histograms, per CPU, as a read of the map finds them.
+#[derive(Clone, Default)]
+struct KernelMap(HashMap<HistKey, Vec<HistValue>>);
 
-/// Appends a record as the kernel lays it out in the ring buffer. Only for the
-/// probes' event structs, which have no implicit padding (uninitialised bytes
-/// must not be read).
-fn push_record<T: Copy>(ring: &mut Vec<u8>, offsets: &mut Vec<(usize, usize)>, event: &T) {
-    // SAFETY: T is one of probes_common's padding-free #[repr(C)] events.
-    let bytes =
-        unsafe { std::slice::from_raw_parts((event as *const T).cast::<u8>(), size_of::<T>()) };
-    offsets.push((ring.len(), bytes.len()));
-    ring.extend_from_slice(bytes);
-    // The ring buffer keeps records 8-byte aligned.
-    ring.resize(ring.len().next_multiple_of(8), 0);
-}
-
-/// `BATCH` records: per connection to the postmaster, its accept, the spawn
-/// and fork of its backend and, `BACKENDS_ALIVE` connections later, the
-/// backend's exit; between them, accepts spread over the pooled workers. The
-/// batch ends with every backend it spawned gone, so replaying it keeps the
-/// table the same size.
-struct Records {
-    ring: Vec<u8>,
-    offsets: Vec<(usize, usize)>,
-}
-
-impl Records {
-    fn new() -> Self {
-        let mut ring = Vec::new();
-        let mut offsets = Vec::new();
-        let mut lat = Latencies(0x9e37_79b9_7f4a_7c15);
-        let (postgres, php) = (comm("postgres"), comm("php-fpm8.2"));
-        let mut worker = 0;
-        let mut ts = 1_000_000_000;
-        let accept = |tgid, comm, queue_wait_ns, latency_ns| AcceptEvent {
-            kind: EventKind::Accept as u32,
+impl KernelMap {
+    /// Records `n` samples of `metric` for `tgid`, spread over the CPUs, as
+    /// the probes do.
+    fn record(&mut self, tgid: u32, metric: HistMetric, n: usize, lat: &mut Latencies) {
+        let key = HistKey {
             tgid,
-            tid: tgid,
-            conn_fd: 9,
-            start_ns: 0,
-            latency_ns,
-            queue_wait_ns,
-            comm,
+            metric: metric as u32,
         };
-        let exit = |tgid, ts_ns| ExitEvent {
-            kind: EventKind::Exit as u32,
-            tgid,
-            ts_ns,
-        };
-        let mut connection = 0u32;
-        // Leave room for the trailing exits.
-        while offsets.len() + BACKENDS_ALIVE as usize + 7 <= BATCH {
-            for _ in 0..3 {
-                let tgid = FIRST_WORKER + worker % WORKERS;
-                worker += 1;
-                // Pooled over a unix socket: no accept-queue wait.
-                let e = accept(tgid, php, QUEUE_WAIT_UNKNOWN, lat.next());
-                push_record(&mut ring, &mut offsets, &e);
-            }
-            ts += 250_000;
-            let e = accept(POSTMASTER, postgres, lat.next(), lat.next());
-            push_record(&mut ring, &mut offsets, &e);
-            let child = FIRST_BACKEND + connection % (2 * BACKENDS_ALIVE);
-            let spawn = SpawnEvent {
-                kind: EventKind::Spawn as u32,
-                parent_tgid: POSTMASTER,
-                parent_tid: POSTMASTER,
-                child,
-                flags: FORK_FLAGS,
-                flags_known: 1,
-                _pad: 0,
-                ts_ns: ts,
-                comm: postgres,
-            };
-            push_record(&mut ring, &mut offsets, &spawn);
-            let fork = ForkEvent {
-                kind: EventKind::Fork as u32,
-                tgid: POSTMASTER,
-                tid: POSTMASTER,
-                ret: child as i32,
-                flags: FORK_FLAGS,
-                flags_known: 1,
-                _pad: 0,
-                latency_ns: lat.next(),
-                comm: postgres,
-            };
-            push_record(&mut ring, &mut offsets, &fork);
-            if connection >= BACKENDS_ALIVE {
-                let old = FIRST_BACKEND + (connection - BACKENDS_ALIVE) % (2 * BACKENDS_ALIVE);
-                push_record(&mut ring, &mut offsets, &exit(old, ts));
-            }
-            connection += 1;
+        let cpus = self
+            .0
+            .entry(key)
+            .or_insert_with(|| vec![HistValue::ZERO; CPUS]);
+        for i in 0..n {
+            cpus[i % CPUS].record(lat.next());
         }
-        for c in connection.saturating_sub(BACKENDS_ALIVE)..connection {
-            ts += 1_000_000;
-            let old = FIRST_BACKEND + c % (2 * BACKENDS_ALIVE);
-            push_record(&mut ring, &mut offsets, &exit(old, ts));
-        }
-        Self { ring, offsets }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &[u8]> {
-        self.offsets
-            .iter()
-            .map(|&(start, len)| &self.ring[start..start + len])
-    }
-
-    fn len(&self) -> usize {
-        self.offsets.len()
+    /// What `Collector::drain` does with one read of the map, but for the
+    /// processes' names (the table knows them from /proc).
+    fn merge_into(&self, hists: &mut KernelHists, table: &mut ProcessTable) {
+        for (&key, cpus) in &self.0 {
+            if let Some(delta) = hists.read(key, cpus, false, || None) {
+                table.apply(&Event::Hist(delta));
+            }
+        }
     }
 }
 
@@ -175,55 +89,143 @@ fn live(pid: u32, name: &str, title: Option<&str>, parent: Option<u32>) -> LiveP
     }
 }
 
-/// What the first /proc scan finds for the lab: the postmaster and php-fpm's
-/// master and pool.
-fn lab_table() -> ProcessTable {
-    const PHP_MASTER: u32 = 200;
-    let mut procs = vec![
-        live(POSTMASTER, "postgres", None, None),
-        live(PHP_MASTER, "php-fpm8.2", None, None),
-    ];
-    procs.extend((FIRST_WORKER..FIRST_WORKER + WORKERS).map(|pid| {
-        live(
-            pid,
-            "php-fpm8.2",
-            Some("php-fpm: pool www"),
-            Some(PHP_MASTER),
-        )
-    }));
-    let mut table = ProcessTable::default();
-    table.sync_watched(&procs);
-    table
+fn comm(name: &str) -> [u8; TASK_COMM_LEN] {
+    let mut c = [0; TASK_COMM_LEN];
+    c[..name.len()].copy_from_slice(name.as_bytes());
+    c
 }
 
-fn per_event(c: &mut Criterion) {
-    let records = Records::new();
-    let mut group = c.benchmark_group("per_event");
-    group.throughput(Throughput::Elements(records.len() as u64));
-    group.bench_function("decode", |b| {
-        b.iter(|| {
-            for bytes in records.iter() {
-                black_box(decode::decode(black_box(bytes)));
-            }
-        });
-    });
-    let mut table = lab_table();
-    // A first pass allocates every histogram the batch touches (once per
-    // process in a real run), so the measurement sees the steady state.
-    for bytes in records.iter() {
-        table.apply(&decode::decode(bytes).expect("valid record"));
+/// Appends a record as the kernel lays it out in the ring buffer. Only for
+/// the probes' event structs, which have no implicit padding (uninitialised
+/// bytes must not be read).
+fn push_record<T: Copy>(ring: &mut Vec<Vec<u8>>, event: &T) {
+    // SAFETY: T is one of probes_common's padding-free #[repr(C)] events.
+    let bytes =
+        unsafe { std::slice::from_raw_parts((event as *const T).cast::<u8>(), size_of::<T>()) };
+    ring.push(bytes.to_vec());
+}
+
+/// docs/lab.md's scenario, one second of it: a postmaster that accepts and
+/// forks a backend per connection, next to pooled php-fpm workers that only
+/// accept (over a unix socket: no accept-queue wait).
+mod lab {
+    use super::*;
+
+    pub const POSTMASTER: u32 = 100;
+    const PHP_MASTER: u32 = 200;
+    const FIRST_WORKER: u32 = 10_000;
+    const WORKERS: u32 = 300;
+    /// Backends take pids from here; each lives within the interval.
+    const FIRST_BACKEND: u32 = 1_000;
+    /// Per interval: the lab's static page runs at ~14k requests/s.
+    const CONNECTIONS: usize = 200;
+    const WORKER_ACCEPTS: usize = 40;
+
+    /// What the first /proc scan finds: the postmaster and php-fpm's master
+    /// and pool.
+    pub fn table() -> ProcessTable {
+        let mut procs = vec![
+            live(POSTMASTER, "postgres", None, None),
+            live(PHP_MASTER, "php-fpm8.2", None, None),
+        ];
+        procs.extend((FIRST_WORKER..FIRST_WORKER + WORKERS).map(|pid| {
+            live(
+                pid,
+                "php-fpm8.2",
+                Some("php-fpm: pool www"),
+                Some(PHP_MASTER),
+            )
+        }));
+        let mut table = ProcessTable::default();
+        table.sync_watched(&procs);
+        table
     }
-    group.bench_function("decode_and_record", |b| {
-        b.iter(|| {
-            for bytes in records.iter() {
-                if let Some(event) = decode::decode(black_box(bytes)) {
-                    table.apply(&event);
+
+    /// One interval more of samples in the kernel's histograms.
+    pub fn interval(map: &mut KernelMap, lat: &mut Latencies) {
+        for tgid in FIRST_WORKER..FIRST_WORKER + WORKERS {
+            map.record(tgid, HistMetric::Accept, WORKER_ACCEPTS, lat);
+        }
+        for metric in [
+            HistMetric::Accept,
+            HistMetric::AcceptQueue,
+            HistMetric::Fork,
+        ] {
+            map.record(POSTMASTER, metric, CONNECTIONS, lat);
+        }
+    }
+
+    /// The interval's ring records: each backend's spawn and exit.
+    pub fn ring() -> Vec<Vec<u8>> {
+        let mut ring = Vec::new();
+        for i in 0..CONNECTIONS as u32 {
+            let ts_ns = 1_000_000_000 + u64::from(i) * 5_000_000;
+            let child = FIRST_BACKEND + i;
+            let spawn = SpawnEvent {
+                kind: EventKind::Spawn as u32,
+                parent_tgid: POSTMASTER,
+                parent_tid: POSTMASTER,
+                child,
+                flags: FORK_FLAGS,
+                flags_known: 1,
+                _pad: 0,
+                ts_ns,
+                comm: comm("postgres"),
+            };
+            push_record(&mut ring, &spawn);
+            let exit = ExitEvent {
+                kind: EventKind::Exit as u32,
+                tgid: child,
+                ts_ns: ts_ns + 3_000_000,
+            };
+            push_record(&mut ring, &exit);
+        }
+        ring
+    }
+
+    pub fn histograms() -> usize {
+        WORKERS as usize + 3
+    }
+}
+
+/// One interval's drain, from the state the interval before left: the
+/// ring's records, then what the kernel's histograms gained.
+fn drain(c: &mut Criterion) {
+    let mut lat = Latencies(0x9e37_79b9_7f4a_7c15);
+    let mut map = KernelMap::default();
+    lab::interval(&mut map, &mut lat);
+    let mut table = lab::table();
+    let mut hists = KernelHists::default();
+    // The interval before: every histogram already read once, and the
+    // table's histograms allocated, as in the steady state of a run.
+    map.merge_into(&mut hists, &mut table);
+    table.reset_interval();
+    lab::interval(&mut map, &mut lat);
+    let ring = lab::ring();
+
+    let mut group = c.benchmark_group("drain/lab");
+    group.throughput(Throughput::Elements(lab::histograms() as u64));
+    group.bench_function("ring_and_histograms", |b| {
+        b.iter_batched_ref(
+            || (hists.clone(), table.clone()),
+            |(hists, table)| {
+                for bytes in &ring {
+                    if let Some(event) = decode::decode(black_box(bytes)) {
+                        table.apply(&event);
+                    }
                 }
-            }
-        });
+                map.merge_into(hists, table);
+            },
+            BatchSize::LargeInput,
+        );
     });
     group.finish();
-    assert_eq!(table.len(), 2 + WORKERS as usize, "the batch is steady");
+
+    let (mut hists, mut table) = (hists, table);
+    map.merge_into(&mut hists, &mut table);
+    let postmaster = table.get(lab::POSTMASTER).expect("the postmaster");
+    assert_eq!(postmaster.activity.fork.interval.count(), 200);
+    assert_eq!(postmaster.activity.fork.total.count(), 400);
 }
 
 /// Families of forking servers: a master and its workers make two roles.
@@ -237,6 +239,8 @@ const SAMPLES: usize = 200;
 /// (a static pool, as in the lab) has forked `SAMPLES` short-lived children.
 fn busy_table() -> ProcessTable {
     let mut table = ProcessTable::default();
+    let mut hists = KernelHists::default();
+    let mut map = KernelMap::default();
     let mut lat = Latencies(0x2545_f491_4f6c_dd1d);
     let mut live_procs = Vec::new();
     for (f, name) in FAMILIES.iter().enumerate() {
@@ -254,43 +258,44 @@ fn busy_table() -> ProcessTable {
             let master = 1 + f as u32 * PER_FAMILY;
             let unix = *name == "php-fpm8.2";
             for pid in master + 1..master + PER_FAMILY {
-                for _ in 0..SAMPLES {
-                    table.apply(&Event::Accept(AcceptSample {
-                        tgid: pid,
-                        tid: pid,
-                        comm: (*name).into(),
-                        conn_fd: 9,
-                        latency_ns: lat.next(),
-                        queue_wait_ns: (!unix).then(|| lat.next()),
-                    }));
+                map.record(pid, HistMetric::Accept, SAMPLES, &mut lat);
+                if !unix {
+                    map.record(pid, HistMetric::AcceptQueue, SAMPLES, &mut lat);
                 }
             }
             // Untitled php-fpm children would fold into a role of their own.
-            let forks = if unix { 0 } else { SAMPLES };
-            for i in 0..forks {
+            if unix {
+                continue;
+            }
+            map.record(master, HistMetric::Fork, SAMPLES, &mut lat);
+            for i in 0..SAMPLES {
                 child += 1;
                 let ts_ns = i as u64 * 1_000_000;
-                table.apply(&Event::Spawn(SpawnSample {
+                let spawn = SpawnEvent {
+                    kind: EventKind::Spawn as u32,
                     parent_tgid: master,
+                    parent_tid: master,
                     child,
-                    kind: TaskKind::Process,
+                    flags: FORK_FLAGS,
+                    flags_known: 1,
+                    _pad: 0,
                     ts_ns,
-                    comm: (*name).into(),
-                }));
-                table.apply(&Event::Fork(ForkSample {
-                    tgid: master,
-                    tid: master,
-                    comm: (*name).into(),
-                    ret: child as i32,
-                    kind: TaskKind::Process,
-                    latency_ns: lat.next(),
-                }));
-                table.apply(&Event::Exit(ExitSample {
+                    comm: comm(name),
+                };
+                let exit = ExitEvent {
+                    kind: EventKind::Exit as u32,
                     tgid: child,
                     ts_ns: ts_ns + lat.next(),
-                }));
+                };
+                let mut ring = Vec::new();
+                push_record(&mut ring, &spawn);
+                push_record(&mut ring, &exit);
+                for bytes in &ring {
+                    table.apply(&decode::decode(bytes).expect("a valid record"));
+                }
             }
         }
+        map.merge_into(&mut hists, &mut table);
         // The first round is an earlier interval: totals differ from the
         // interval's numbers, as they do after the first second of a run.
         if round == 0 {
@@ -300,16 +305,20 @@ fn busy_table() -> ProcessTable {
     table
 }
 
-fn per_interval(c: &mut Criterion) {
+/// What the collector makes of the table each interval: the report (with
+/// its insights), rendered.
+fn report(c: &mut Criterion) {
     let table = busy_table();
     let build = || {
-        Report::build(
+        let mut report = Report::build(
             ReportKind::Interval,
             &table,
             Duration::from_secs(1),
             Duration::from_secs(60),
             Drops::default(),
-        )
+        );
+        insights::annotate(&mut report);
+        report
     };
     let report = build();
     assert_eq!(report.roles.len(), 2 * FAMILIES.len());
@@ -332,5 +341,5 @@ fn per_interval(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, per_event, per_interval);
+criterion_group!(benches, drain, report);
 criterion_main!(benches);

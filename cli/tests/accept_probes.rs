@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use probes_common::{accept::AcceptEvent, event::EVENTS_RING_BYTES, watch::WatchReason};
+use probes_common::watch::WatchReason;
 use stackprobe::model::{probe_stats::Drops, selector::Selector};
 use support::*;
 
@@ -317,11 +317,10 @@ fn more_accepts_than_the_ring_buffer_holds_are_all_counted_and_none_crosses_it()
     let mut s = Session::start();
     s.collector.probes_mut().watch_pid(server.pid).unwrap();
 
-    // 20% more accepts than the ring could hold as records, with nobody
+    // More accepts than the ring could hold as records, with nobody
     // reading meanwhile: the kernel's histograms keep them all. Unix
     // sockets, so that accepts are the only thing the probes see.
-    let record = (std::mem::size_of::<AcceptEvent>() as u64 + 8).next_multiple_of(8);
-    let n = u64::from(EVENTS_RING_BYTES) / record * 6 / 5;
+    let n = accepts_past_the_ring();
     server.send(&format!("accept {n} unix accept4"));
     let client = std::process::Command::new(LOOPBACK)
         .args(["connect", "unix", path.to_str().unwrap(), &n.to_string()])

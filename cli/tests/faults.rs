@@ -13,7 +13,6 @@ use std::{
     time::Duration,
 };
 
-use probes_common::{accept::AcceptEvent, event::EVENTS_RING_BYTES};
 use serde_json::Value;
 use stackprobe::probes::privileges;
 use support::*;
@@ -97,12 +96,11 @@ fn a_stalled_reader_misses_no_accept() {
     let mut sp = Running::start(&["watch", "--pid", &pid.to_string(), "--json"]);
     sp.wait_stderr("probes attached");
 
-    // Stopped, stackprobe reads nothing: 20% more accepts than the ring
-    // could hold as records are kept in the kernel's histograms (unix
-    // sockets, so accepts are all the probes see).
+    // Stopped, stackprobe reads nothing: more accepts than the ring could
+    // hold as records are kept in the kernel's histograms (unix sockets, so
+    // accepts are all the probes see).
     sp.signal(libc::SIGSTOP);
-    let record = (size_of::<AcceptEvent>() as u64 + 8).next_multiple_of(8);
-    let n = u64::from(EVENTS_RING_BYTES) / record * 6 / 5;
+    let n = accepts_past_the_ring();
     server.send(&format!("accept {n} unix accept4"));
     let client = Command::new(LOOPBACK)
         .args(["connect", "unix", path.to_str().unwrap(), &n.to_string()])

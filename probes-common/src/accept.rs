@@ -1,8 +1,8 @@
 //! accept(2)/accept4(2) latency: the syscall tracepoints' enter and exit are
-//! paired per thread in the kernel, and each successful accept becomes one
-//! [`AcceptEvent`].
+//! paired per thread in the kernel, and each successful accept's latency and
+//! accept-queue wait go to the kernel's histograms ([`crate::hist`]).
 
-use crate::{TASK_COMM_LEN, offsets::MemberOffset};
+use crate::offsets::MemberOffset;
 
 /// Array of [`AcceptStart`] slots (see [`crate::DEFAULT_SLOTS`]).
 pub const ACCEPT_START_MAP: &str = "ACCEPT_START";
@@ -25,10 +25,6 @@ macro_rules! accept_fd_walk_members {
     };
 }
 pub const FD_WALK_MEMBERS: &[MemberOffset] = &accept_fd_walk_members!(crate::member_table);
-
-/// `queue_wait_ns` when the accepted connection's establishment was not seen
-/// (a unix socket, an unwatched listener, or established before attach).
-pub const QUEUE_WAIT_UNKNOWN: u64 = u64::MAX;
 
 /// Programs and the tracepoints each one attaches to.
 pub const ENTER_PROGRAM: &str = "accept_enter";
@@ -63,38 +59,7 @@ pub const FEXIT_PROGRAMS: [(u32, &str); 2] =
     [(4, "inet_csk_accept_fexit4"), (2, "inet_csk_accept_fexit2")];
 pub const KRETPROBE_PROGRAM: &str = "inet_csk_accept_kretprobe";
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct AcceptEvent {
-    /// Always [`crate::event::EventKind::Accept`].
-    pub kind: u32,
-    pub tgid: u32,
-    pub tid: u32,
-    /// The accepted connection's fd (the syscall's return value).
-    pub conn_fd: i32,
-    /// `bpf_ktime_get_ns()` when the thread entered accept.
-    pub start_ns: u64,
-    /// Time spent inside the syscall, including any wait for a connection.
-    pub latency_ns: u64,
-    /// Accept-queue wait: from the TCP handshake completing to this accept
-    /// returning it, or [`QUEUE_WAIT_UNKNOWN`].
-    pub queue_wait_ns: u64,
-    pub comm: [u8; TASK_COMM_LEN],
-}
-
-crate::assert_layout!(AcceptEvent, 56, {
-    kind: 0,
-    tgid: 4,
-    tid: 8,
-    conn_fd: 12,
-    start_ns: 16,
-    latency_ns: 24,
-    queue_wait_ns: 32,
-    comm: 40,
-});
-
 #[cfg(feature = "user")]
 mod user {
     unsafe impl aya::Pod for super::AcceptStart {}
-    unsafe impl aya::Pod for super::AcceptEvent {}
 }

@@ -1,8 +1,8 @@
 //! clone/clone3/fork/vfork latency as the parent sees it: the syscall's enter
-//! and exit are paired per thread, and each call that created a task becomes
-//! one [`ForkEvent`].
+//! and exit are paired per thread, and each call's latency goes to the
+//! kernel's histograms ([`crate::hist`]) under what it created.
 
-use crate::{TASK_COMM_LEN, offsets::MemberOffset};
+use crate::offsets::MemberOffset;
 
 /// Array of [`ForkStart`] slots (see [`crate::DEFAULT_SLOTS`]).
 pub const FORK_START_MAP: &str = "FORK_START";
@@ -53,7 +53,7 @@ pub const FORK_FLAGS: u64 = 17; // SIGCHLD
 pub const VFORK_FLAGS: u64 = 0x4000 | 0x100 | 17;
 
 /// What a clone created, from its flags: the rule both the kernel (folding
-/// a sample under a metric) and userspace (reading an event) apply.
+/// a sample under a metric) and userspace (reading a spawn event) apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskKind {
     Process,
@@ -87,40 +87,9 @@ pub struct ForkStart {
 
 crate::assert_layout!(ForkStart, 24, { start_ns: 0, flags: 8, tid: 16, flags_known: 20 });
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct ForkEvent {
-    /// Always [`crate::event::EventKind::Fork`].
-    pub kind: u32,
-    pub tgid: u32,
-    pub tid: u32,
-    /// The child's pid as the parent sees it (the syscall's return value), or
-    /// a negative errno.
-    pub ret: i32,
-    pub flags: u64,
-    pub flags_known: u32,
-    pub _pad: u32,
-    /// Time inside the syscall (for vfork, until the child execs or exits).
-    pub latency_ns: u64,
-    pub comm: [u8; TASK_COMM_LEN],
-}
-
-crate::assert_layout!(ForkEvent, 56, {
-    kind: 0,
-    tgid: 4,
-    tid: 8,
-    ret: 12,
-    flags: 16,
-    flags_known: 24,
-    _pad: 28,
-    latency_ns: 32,
-    comm: 40,
-});
-
 #[cfg(feature = "user")]
 mod user {
     unsafe impl aya::Pod for super::ForkStart {}
-    unsafe impl aya::Pod for super::ForkEvent {}
 }
 
 #[cfg(test)]

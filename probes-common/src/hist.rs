@@ -122,6 +122,25 @@ impl HistValue {
         max: 0,
         buckets: [0; BUCKETS],
     };
+
+    /// Adds one sample of `ns`: what the kernel does to its CPU's value, and
+    /// what userspace's tests and benchmarks do to make what it would.
+    #[inline(always)]
+    pub fn record(&mut self, ns: u64) {
+        if self.count == 0 || ns < self.min {
+            self.min = ns;
+        }
+        if ns > self.max {
+            self.max = ns;
+        }
+        self.count += 1;
+        self.sum = self.sum.wrapping_add(ns);
+        // bucket_of is below BUCKETS by construction; the mask-free check
+        // keeps the verifier sure of it too.
+        if let Some(bucket) = self.buckets.get_mut(bucket_of(ns).min(BUCKETS - 1)) {
+            *bucket = bucket.wrapping_add(1);
+        }
+    }
 }
 
 /// The bucket of `ns`; values past the last bucket's range clamp to it.

@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use probes_common::{
-    hist::{BUCKETS, HIST_ENTRIES, HistKey, HistMetric, HistValue, bucket_of},
+    hist::{HIST_ENTRIES, HistKey, HistMetric, HistValue},
     stats::Stat,
 };
 
@@ -64,18 +64,5 @@ pub fn record(tgid: u32, metric: HistMetric, ns: u64) {
     // nothing else writes while this program runs on this CPU (see above);
     // the entry may be deleted by userspace, but its memory stays valid
     // until this program ends (RCU).
-    let value = unsafe { &mut *value };
-    if value.count == 0 || ns < value.min {
-        value.min = ns;
-    }
-    if ns > value.max {
-        value.max = ns;
-    }
-    value.count += 1;
-    value.sum = value.sum.wrapping_add(ns);
-    // bucket_of is below BUCKETS by construction; the mask-free check keeps
-    // the verifier sure of it too.
-    if let Some(bucket) = value.buckets.get_mut(bucket_of(ns).min(BUCKETS - 1)) {
-        *bucket = bucket.wrapping_add(1);
-    }
+    unsafe { &mut *value }.record(ns);
 }

@@ -235,9 +235,7 @@ mod tests {
 
     use super::*;
     use crate::model::{
-        event::{AcceptSample, Event},
-        probe_stats::Drops,
-        process::LiveProcess,
+        event::HistMetric, fixtures::kernel_hist, probe_stats::Drops, process::LiveProcess,
         report::ReportKind,
     };
 
@@ -250,16 +248,8 @@ mod tests {
             title: None,
             parent: None,
         }]);
-        for ns in [1_023, 1_024, 5_000, 2_000_000] {
-            t.apply(&Event::Accept(AcceptSample {
-                tgid: 1,
-                tid: 1,
-                comm: "nginx".into(),
-                conn_fd: 3,
-                latency_ns: ns,
-                queue_wait_ns: None,
-            }));
-        }
+        let samples = [1_023, 1_024, 5_000, 2_000_000];
+        t.apply(&kernel_hist(1, "nginx", HistMetric::Accept, &samples));
         let report = Report::build(
             ReportKind::Interval,
             &t,
@@ -272,7 +262,8 @@ mod tests {
         assert_eq!((h.role.as_str(), h.metric, h.count), ("nginx", "accept", 4));
         assert!((h.sum_seconds - 2_007_047e-9).abs() < 1e-12);
         // Per bucket: ≤ 1023 ns holds the first sample, (1023, 2047] the
-        // second, (4095, 8191] the 5 µs one, (2^20-1, 2^21-1] the 2 ms one.
+        // second, (4095, 8191] the 5 µs one, (2^20-1, 2^21-1] the 2 ms one:
+        // neither the kernel's buckets nor HdrHistogram's straddle a power of two.
         assert_eq!(h.buckets[0], (1023e-9, 1));
         assert_eq!(h.buckets[1], (2047e-9, 1));
         assert_eq!(h.buckets[3], (8191e-9, 1));

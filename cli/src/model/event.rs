@@ -1,6 +1,6 @@
 //! What the probes report, in the model's terms: one type per kind of ring
-//! buffer record (decoded in `probes`), and what the kernel's histograms
-//! gained.
+//! buffer record (decoded in `probes`), and what the kernel's histograms of
+//! accept and fork latency gained.
 
 use std::net::SocketAddr;
 
@@ -8,31 +8,6 @@ use std::net::SocketAddr;
 pub use probes_common::fork::TaskKind;
 
 use super::sockets::TcpState;
-
-/// A successful accept.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AcceptSample {
-    pub tgid: u32,
-    pub tid: u32,
-    pub comm: String,
-    pub conn_fd: i32,
-    pub latency_ns: u64,
-    /// From the TCP handshake completing to this accept returning it; None
-    /// when not seen (unix sockets, connections established before attach).
-    pub queue_wait_ns: Option<u64>,
-}
-
-/// A clone/clone3/fork/vfork call returned in a watched process.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForkSample {
-    pub tgid: u32,
-    pub tid: u32,
-    pub comm: String,
-    /// The new task's id, or a negative errno when the call failed.
-    pub ret: i32,
-    pub kind: TaskKind,
-    pub latency_ns: u64,
-}
 
 /// A watched process created a task (before the task first ran).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,8 +75,6 @@ pub struct HistDelta {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    Accept(AcceptSample),
-    Fork(ForkSample),
     Spawn(SpawnSample),
     Exec(ExecSample),
     Exit(ExitSample),

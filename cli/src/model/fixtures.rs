@@ -1,9 +1,13 @@
-//! Test fixtures: model states built from the events the probes would send.
+//! Test fixtures: model states built from what the probes would hand over —
+//! ring buffer events, and reads of the kernel's latency histograms.
+
+use probes_common::hist::{HistKey, HistValue};
 
 use super::{
-    event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
+    event::{Event, ExitSample, HistMetric, SpawnSample, TaskKind},
     process::{LiveProcess, ProcessTable},
 };
+use crate::probes::hist::KernelHists;
 
 /// A live process with no parent known.
 pub fn live(pid: u32, name: &str) -> LiveProcess {
@@ -15,9 +19,27 @@ pub fn live(pid: u32, name: &str) -> LiveProcess {
     }
 }
 
+/// What the first read of process `tgid`'s (named `comm`) histogram of
+/// `metric` hands over once the kernel has recorded `samples` in it: the
+/// kernel's bucketing and userspace's reading, as in a run.
+pub fn kernel_hist(tgid: u32, comm: &str, metric: HistMetric, samples: &[u64]) -> Event {
+    let mut cpu = HistValue::ZERO;
+    for &ns in samples {
+        cpu.record(ns);
+    }
+    let key = HistKey {
+        tgid,
+        metric: metric as u32,
+    };
+    let delta = KernelHists::default().read(key, [&cpu], false, || Some(comm.into()));
+    Event::Hist(delta.expect("a histogram with samples gained them"))
+}
+
 /// `parent` (named `comm`) accepts `latencies.len()` connections and forks a
 /// child (pids from 100) for each, each fork taking `fork_ns`; the first
-/// `exits` children exit `lifetime_ns` after their birth at time 0.
+/// `exits` children exit `lifetime_ns` after their birth at time 0. The
+/// accepts and forks arrive as the kernel's histograms are read: once, after
+/// the children's births.
 pub fn fork_per_connection(
     t: &mut ProcessTable,
     parent: u32,
@@ -27,31 +49,19 @@ pub fn fork_per_connection(
     exits: usize,
     lifetime_ns: u64,
 ) {
-    for (i, &ns) in latencies.iter().enumerate() {
-        let child = 100 + i as u32;
-        t.apply(&Event::Accept(AcceptSample {
-            tgid: parent,
-            tid: parent,
-            comm: comm.into(),
-            conn_fd: 5,
-            latency_ns: ns,
-            queue_wait_ns: None,
-        }));
+    for i in 0..latencies.len() {
         t.apply(&Event::Spawn(SpawnSample {
             parent_tgid: parent,
-            child,
+            child: 100 + i as u32,
             kind: TaskKind::Process,
             ts_ns: 0,
             comm: comm.into(),
         }));
-        t.apply(&Event::Fork(ForkSample {
-            tgid: parent,
-            tid: parent,
-            comm: comm.into(),
-            ret: child as i32,
-            kind: TaskKind::Process,
-            latency_ns: fork_ns,
-        }));
+    }
+    if !latencies.is_empty() {
+        let forks = vec![fork_ns; latencies.len()];
+        t.apply(&kernel_hist(parent, comm, HistMetric::Accept, latencies));
+        t.apply(&kernel_hist(parent, comm, HistMetric::Fork, &forks));
     }
     for i in 0..exits.min(latencies.len()) {
         t.apply(&Event::Exit(ExitSample {

@@ -2,8 +2,19 @@
 //! what each kernel program costs, and which rung of each hook ladder is in
 //! use. The probes fill these in; reports carry them.
 
-use probes_common::event::EventKind;
 use serde::Serialize;
+
+/// What a probe records: accept and fork samples go to the kernel's
+/// histograms, the rest through the ring buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeKind {
+    Accept,
+    Fork,
+    Spawn,
+    Exec,
+    Exit,
+    TcpState,
+}
 
 /// Events the full ring buffer could not take, by kind, since the start.
 /// Only these kinds cross the ring: accept and fork samples stay in the
@@ -35,7 +46,7 @@ impl RingLost {
     }
 }
 
-/// Events lost, by the kind of event each probe makes, since the start.
+/// Samples or events lost, by what each probe records, since the start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LostEvents {
     pub accept: u64,
@@ -54,15 +65,15 @@ impl LostEvents {
         self.accept + self.fork + self.spawn + self.exec + self.exit + self.tcp_state
     }
 
-    /// The counter for events of `kind`.
-    pub fn of_kind(&mut self, kind: EventKind) -> &mut u64 {
+    /// The counter for what probes of `kind` record.
+    pub fn of_kind(&mut self, kind: ProbeKind) -> &mut u64 {
         match kind {
-            EventKind::Accept => &mut self.accept,
-            EventKind::Fork => &mut self.fork,
-            EventKind::Spawn => &mut self.spawn,
-            EventKind::Exec => &mut self.exec,
-            EventKind::Exit => &mut self.exit,
-            EventKind::TcpState => &mut self.tcp_state,
+            ProbeKind::Accept => &mut self.accept,
+            ProbeKind::Fork => &mut self.fork,
+            ProbeKind::Spawn => &mut self.spawn,
+            ProbeKind::Exec => &mut self.exec,
+            ProbeKind::Exit => &mut self.exit,
+            ProbeKind::TcpState => &mut self.tcp_state,
         }
     }
 
@@ -87,7 +98,7 @@ pub struct Drops {
     pub lost: RingLost,
     /// Probe runs the kernel skipped because a BPF program was already
     /// running on that CPU (a tracepoint hit in a softirq that interrupted
-    /// one): its `recursion_misses`, by the kind of event the probe makes.
+    /// one): its `recursion_misses`, by what the probe records.
     pub skipped: LostEvents,
     /// Accept or fork samples the kernel could not record: its histogram
     /// map was full.

@@ -12,10 +12,7 @@ use std::collections::BTreeMap;
 
 use super::{
     counter::Counter,
-    event::{
-        AcceptSample, Event, ExecSample, ExitSample, ForkSample, HistDelta, HistMetric,
-        SpawnSample, TaskKind,
-    },
+    event::{Event, ExecSample, ExitSample, HistDelta, HistMetric, SpawnSample, TaskKind},
     histogram::LatencyHistogram,
     links::LinkTable,
     roles,
@@ -241,8 +238,6 @@ pub struct ProcessTable {
 impl ProcessTable {
     pub fn apply(&mut self, event: &Event) {
         match event {
-            Event::Accept(s) => self.record_accept(s),
-            Event::Fork(s) => self.record_fork(s),
             Event::Spawn(s) => self.record_spawn(s),
             Event::Exec(s) => self.record_exec(s),
             Event::Exit(s) => self.record_exit(s),
@@ -260,28 +255,6 @@ impl ProcessTable {
         self.procs
             .entry(pid)
             .or_insert_with(|| Process::new(pid, name.to_string()))
-    }
-
-    pub fn record_accept(&mut self, sample: &AcceptSample) {
-        let proc = self.entry(sample.tgid, &sample.comm);
-        proc.watched = true;
-        proc.activity.accept.record(sample.latency_ns);
-        if let Some(wait) = sample.queue_wait_ns {
-            proc.activity.accept_queue.record(wait);
-        }
-    }
-
-    fn record_fork(&mut self, s: &ForkSample) {
-        let a = &mut self.entry(s.tgid, &s.comm).activity;
-        if s.ret < 0 {
-            a.fork_failed.bump();
-            return;
-        }
-        match s.kind {
-            TaskKind::Process => a.fork.record(s.latency_ns),
-            TaskKind::Thread => a.thread.record(s.latency_ns),
-            TaskKind::Unknown => a.fork_unknown.bump(),
-        }
     }
 
     fn record_hist(&mut self, d: &HistDelta) {
@@ -500,16 +473,11 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::fixtures::kernel_hist;
 
+    /// One accept of `ns` by `tgid`, as a read of the kernel's histograms hands it over.
     fn accept(tgid: u32, ns: u64) -> Event {
-        Event::Accept(AcceptSample {
-            tgid,
-            tid: tgid,
-            comm: format!("srv{tgid}"),
-            conn_fd: 4,
-            latency_ns: ns,
-            queue_wait_ns: None,
-        })
+        kernel_hist(tgid, &format!("srv{tgid}"), HistMetric::Accept, &[ns])
     }
 
     fn spawn(parent: u32, child: u32, comm: &str, ts: u64) -> Event {
@@ -522,15 +490,10 @@ mod tests {
         })
     }
 
-    fn fork(tgid: u32, child: i32, kind: TaskKind, ns: u64) -> Event {
-        Event::Fork(ForkSample {
-            tgid,
-            tid: tgid,
-            comm: "srv".into(),
-            ret: child,
-            kind,
-            latency_ns: ns,
-        })
+    /// One clone by `tgid` that returned `ret`, filed as the kernel files it.
+    fn fork(tgid: u32, ret: i32, kind: TaskKind, ns: u64) -> Event {
+        let metric = HistMetric::of_clone(i64::from(ret), kind);
+        kernel_hist(tgid, "srv", metric, &[ns])
     }
 
     fn exit(tgid: u32, ts: u64) -> Event {
@@ -712,11 +675,17 @@ mod tests {
         for i in 0..200_000u64 {
             let pid = 2 + (i % 30_000) as u32;
             t.apply(&spawn(1, pid, "postgres", i * 1000));
-            t.apply(&fork(1, pid as i32, TaskKind::Process, 30_000));
             if i % 7 != 0 {
                 t.apply(&exit(pid, i * 1000 + 9_000_000));
             }
         }
+        // The forks' latencies, as one read of the kernel's histogram.
+        t.apply(&kernel_hist(
+            1,
+            "postgres",
+            HistMetric::Fork,
+            &vec![30_000; 200_000],
+        ));
         // Only the children whose exit was not seen are still live (a recycled
         // pid replaces its predecessor), and one role holds all the retired rest.
         assert!(t.len() <= 30_001, "{}", t.len());

@@ -435,20 +435,15 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
 mod tests {
     use super::*;
     use crate::model::{
-        event::{AcceptSample, Event, ExitSample, ForkSample, SpawnSample, TaskKind},
+        event::{Event, ExitSample, HistMetric, SpawnSample, TaskKind},
+        fixtures::kernel_hist,
         probe_stats::RingLost,
         process::LiveProcess,
     };
 
-    fn accept(tgid: u32, comm: &str, ns: u64) -> Event {
-        Event::Accept(AcceptSample {
-            tgid,
-            tid: tgid,
-            comm: comm.into(),
-            conn_fd: 5,
-            latency_ns: ns,
-            queue_wait_ns: None,
-        })
+    /// `tgid`'s accepts taking `ns`, as one read of the kernel's histograms.
+    fn accepts(tgid: u32, comm: &str, ns: &[u64]) -> Event {
+        kernel_hist(tgid, comm, HistMetric::Accept, ns)
     }
 
     fn table() -> ProcessTable {
@@ -473,10 +468,8 @@ mod tests {
                 parent: None,
             },
         ]);
-        for ns in [1000, 2000, 3000, 4000] {
-            t.apply(&accept(2, "busy", ns));
-        }
-        t.apply(&accept(3, "quiet", 7));
+        t.apply(&accepts(2, "busy", &[1000, 2000, 3000, 4000]));
+        t.apply(&accepts(3, "quiet", &[7]));
         t
     }
 
@@ -484,7 +477,7 @@ mod tests {
     fn interval_rows_rates_and_drops() {
         let mut t = table();
         t.reset_interval();
-        t.apply(&accept(2, "busy", 500));
+        t.apply(&accepts(2, "busy", &[500]));
         let drops = Drops {
             lost: RingLost {
                 exit: 2,
@@ -551,21 +544,12 @@ mod tests {
         }]);
         for i in 0..10u32 {
             let child = 100 + i;
-            t.apply(&accept(1, "srv", 3_000));
             t.apply(&Event::Spawn(SpawnSample {
                 parent_tgid: 1,
                 child,
                 kind: TaskKind::Process,
                 ts_ns: u64::from(i) * 1_000_000,
                 comm: "srv".into(),
-            }));
-            t.apply(&Event::Fork(ForkSample {
-                tgid: 1,
-                tid: 1,
-                comm: "x".into(),
-                ret: child as i32,
-                kind: TaskKind::Process,
-                latency_ns: 80_000,
             }));
             if i < 7 {
                 t.apply(&Event::Exit(ExitSample {
@@ -574,6 +558,9 @@ mod tests {
                 }));
             }
         }
+        // The interval's read of the kernel's histograms.
+        t.apply(&accepts(1, "srv", &[3_000; 10]));
+        t.apply(&kernel_hist(1, "srv", HistMetric::Fork, &[80_000; 10]));
         let r = Report::build(
             ReportKind::Interval,
             &t,

@@ -6,18 +6,13 @@
 //! rather than half read.
 
 use probes_common::{
-    accept::{AcceptEvent, QUEUE_WAIT_UNKNOWN},
     event::EventKind,
-    fork::ForkEvent,
     lifecycle::{ExecEvent, ExitEvent, SpawnEvent},
     sock::{AF_INET6, LinkCounts, LinkKey, SIDE_ACTIVE, SIDE_PASSIVE, TcpSocket, TcpStateEvent},
 };
 
 use crate::model::{
-    event::{
-        AcceptSample, Event, ExecSample, ExitSample, ForkSample, SpawnSample, TaskKind,
-        TcpStateSample,
-    },
+    event::{Event, ExecSample, ExitSample, SpawnSample, TaskKind, TcpStateSample},
     links::{KernelLink, LinkTotals, Peer, Side},
     sockets::{TcpSock, TcpState, address},
 };
@@ -27,8 +22,6 @@ use crate::model::{
 pub fn decode(bytes: &[u8]) -> Option<Event> {
     let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
     match EventKind::from_u32(kind)? {
-        EventKind::Accept => accept(bytes).map(Event::Accept),
-        EventKind::Fork => fork(bytes).map(Event::Fork),
         EventKind::Spawn => spawn(bytes).map(Event::Spawn),
         EventKind::Exec => exec(bytes).map(Event::Exec),
         EventKind::Exit => exit(bytes).map(Event::Exit),
@@ -91,30 +84,6 @@ fn comm_to_string(comm: &[u8]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
-fn accept(bytes: &[u8]) -> Option<AcceptSample> {
-    let e: AcceptEvent = read_record(bytes)?;
-    Some(AcceptSample {
-        tgid: e.tgid,
-        tid: e.tid,
-        comm: comm_to_string(&e.comm),
-        conn_fd: e.conn_fd,
-        latency_ns: e.latency_ns,
-        queue_wait_ns: (e.queue_wait_ns != QUEUE_WAIT_UNKNOWN).then_some(e.queue_wait_ns),
-    })
-}
-
-fn fork(bytes: &[u8]) -> Option<ForkSample> {
-    let e: ForkEvent = read_record(bytes)?;
-    Some(ForkSample {
-        tgid: e.tgid,
-        tid: e.tid,
-        comm: comm_to_string(&e.comm),
-        ret: e.ret,
-        kind: TaskKind::from_flags((e.flags_known != 0).then_some(e.flags)),
-        latency_ns: e.latency_ns,
-    })
-}
-
 fn spawn(bytes: &[u8]) -> Option<SpawnSample> {
     let e: SpawnEvent = read_record(bytes)?;
     Some(SpawnSample {
@@ -174,7 +143,7 @@ fn tcp_socket(s: &TcpSocket) -> Option<TcpSock> {
 #[cfg(test)]
 mod tests {
     use probes_common::{
-        fork::CLONE_THREAD,
+        fork::{CLONE_THREAD, FORK_FLAGS},
         sock::{AF_INET, TCP_ESTABLISHED, TCP_LISTEN, TCP_SYN_RECV},
     };
 
@@ -193,63 +162,6 @@ mod tests {
         let mut bytes = bytes_of(record).to_vec();
         bytes.push(0);
         bytes
-    }
-
-    #[test]
-    fn decodes_an_accept_and_rejects_short_and_grown_records() {
-        let mut comm = [0u8; 16];
-        comm[..8].copy_from_slice(b"postgres");
-        let event = AcceptEvent {
-            kind: EventKind::Accept as u32,
-            tgid: 7,
-            tid: 8,
-            conn_fd: 9,
-            start_ns: 100,
-            latency_ns: 4242,
-            queue_wait_ns: QUEUE_WAIT_UNKNOWN,
-            comm,
-        };
-        let bytes = bytes_of(&event);
-        let sample = accept(bytes).unwrap();
-        assert_eq!(
-            sample,
-            AcceptSample {
-                tgid: 7,
-                tid: 8,
-                comm: "postgres".into(),
-                conn_fd: 9,
-                latency_ns: 4242,
-                queue_wait_ns: None,
-            }
-        );
-        assert_eq!(decode(bytes), Some(Event::Accept(sample)));
-        assert!(accept(&bytes[..bytes.len() - 1]).is_none());
-        assert!(decode(&grown(&event)).is_none());
-    }
-
-    #[test]
-    fn decodes_threads_processes_and_unknown_kinds() {
-        let event = |flags: u64, known: u32| ForkEvent {
-            kind: EventKind::Fork as u32,
-            tgid: 10,
-            tid: 11,
-            ret: 12,
-            flags,
-            flags_known: known,
-            _pad: 0,
-            latency_ns: 900,
-            comm: [0; 16],
-        };
-        let thread = event(CLONE_THREAD | 0x100, 1);
-        let process = event(17, 1);
-        let unknown = event(CLONE_THREAD, 0);
-        assert_eq!(fork(bytes_of(&thread)).unwrap().kind, TaskKind::Thread);
-        assert_eq!(fork(bytes_of(&process)).unwrap().kind, TaskKind::Process);
-        assert_eq!(fork(bytes_of(&unknown)).unwrap().kind, TaskKind::Unknown);
-        let s = fork(bytes_of(&process)).unwrap();
-        assert_eq!((s.tgid, s.tid, s.ret, s.latency_ns), (10, 11, 12, 900));
-        assert!(fork(&bytes_of(&process)[..20]).is_none());
-        assert!(decode(&grown(&process)).is_none());
     }
 
     #[test]
@@ -300,6 +212,18 @@ mod tests {
             decode(bytes_of(&exit_event)),
             Some(Event::Exit(ExitSample { tgid: 7, ts_ns: 8 }))
         );
+        // What the child is comes from the flags, when they were seen.
+        for (flags, flags_known, kind) in [
+            (FORK_FLAGS, 1, TaskKind::Process),
+            (CLONE_THREAD, 0, TaskKind::Unknown),
+        ] {
+            let e = SpawnEvent {
+                flags,
+                flags_known,
+                ..spawn_event
+            };
+            assert_eq!(spawn(bytes_of(&e)).map(|s| s.kind), Some(kind));
+        }
         assert!(decode(&grown(&spawn_event)).is_none());
         assert!(decode(&grown(&exec_event)).is_none());
         assert!(decode(&grown(&exit_event)).is_none());
@@ -354,8 +278,15 @@ mod tests {
     #[test]
     fn unknown_kinds_and_stubs_are_undecodable() {
         assert!(decode(&[]).is_none());
-        assert!(decode(&[1, 0]).is_none());
+        assert!(decode(&[3, 0]).is_none());
         assert!(decode(&99u32.to_ne_bytes()).is_none());
+        // The retired per-sample accept and fork kinds, as a stale eBPF
+        // object would still send them, sized as their records were.
+        for retired in [1u32, 2] {
+            let mut record = [0u8; 56];
+            record[..4].copy_from_slice(&retired.to_ne_bytes());
+            assert!(decode(&record).is_none(), "kind {retired}");
+        }
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub fn delta(before: &Totals, now: &Totals) -> Option<Gain> {
 }
 
 /// What has been read so far, per histogram.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct KernelHists {
     seen: HashMap<HistKey, Totals>,
 }
@@ -144,35 +144,55 @@ impl KernelHists {
             let Ok(values) = hists.get(&key, 0) else {
                 continue;
             };
-            let now = Totals::of_cpus(values.iter());
-            let change = {
-                let before = self.seen.entry(key).or_insert_with(Totals::zero);
-                let change = delta(before, &now);
-                *before = now;
-                change
-            };
             if gone {
                 // Removing is safe: a process that has exited adds nothing.
                 let _ = hists.remove(&key);
-                self.seen.remove(&key);
             }
-            let (Some(metric), Some(gain)) = (HistMetric::from_u32(key.metric), change) else {
-                continue;
-            };
-            f(Event::Hist(HistDelta {
-                tgid: key.tgid,
-                comm: (!gone)
+            let comm = || {
+                (!gone)
                     .then(|| procfs::read(key.tgid).map(|p| p.comm))
-                    .flatten(),
-                metric,
-                count: gain.count,
-                sum_ns: gain.sum,
-                min_ns: gain.min,
-                max_ns: gain.max,
-                buckets: gain.buckets,
-            }));
+                    .flatten()
+            };
+            if let Some(d) = self.read(key, values.iter(), gone, comm) {
+                f(Event::Hist(d));
+            }
         }
         Ok(())
+    }
+
+    /// What `key`'s histogram gained since it was last read, given its
+    /// per-CPU values now; None if nothing, or for a metric this build does
+    /// not know. `last`: the histogram is read for the last time and
+    /// forgotten. `comm` names the process, asked only if something was
+    /// gained.
+    pub fn read<'a>(
+        &mut self,
+        key: HistKey,
+        per_cpu: impl IntoIterator<Item = &'a HistValue>,
+        last: bool,
+        comm: impl FnOnce() -> Option<String>,
+    ) -> Option<HistDelta> {
+        let now = Totals::of_cpus(per_cpu);
+        let gain = if last {
+            let before = self.seen.remove(&key).unwrap_or_else(Totals::zero);
+            delta(&before, &now)
+        } else {
+            let before = self.seen.entry(key).or_insert_with(Totals::zero);
+            let gain = delta(before, &now);
+            *before = now;
+            gain
+        }?;
+        let metric = HistMetric::from_u32(key.metric)?;
+        Some(HistDelta {
+            tgid: key.tgid,
+            comm: comm(),
+            metric,
+            count: gain.count,
+            sum_ns: gain.sum,
+            min_ns: gain.min,
+            max_ns: gain.max,
+            buckets: gain.buckets,
+        })
     }
 }
 
@@ -205,13 +225,7 @@ mod tests {
     fn cpu(samples: &[u64]) -> HistValue {
         let mut v = HistValue::ZERO;
         for &ns in samples {
-            if v.count == 0 || ns < v.min {
-                v.min = ns;
-            }
-            v.max = v.max.max(ns);
-            v.count += 1;
-            v.sum += ns;
-            v.buckets[bucket_of(ns)] += 1;
+            v.record(ns);
         }
         v
     }
@@ -278,5 +292,40 @@ mod tests {
         now.buckets[64] = 1;
         let gain = delta(&before, &now).unwrap();
         assert_eq!((gain.count, gain.buckets), (3, vec![(64, 3)]));
+    }
+
+    #[test]
+    fn each_read_hands_over_what_was_gained_once_and_the_last_one_forgets() {
+        let key = HistKey {
+            tgid: 7,
+            metric: HistMetric::Fork as u32,
+        };
+        let name = || Some("srv".to_string());
+        let mut hists = KernelHists::default();
+        let first = hists.read(key, &[cpu(&[1_000]), cpu(&[3_000])], false, name);
+        let first = first.unwrap();
+        assert_eq!(
+            (
+                first.metric,
+                first.count,
+                first.sum_ns,
+                first.comm.as_deref()
+            ),
+            (HistMetric::Fork, 2, 4_000, Some("srv"))
+        );
+        let cpus = [cpu(&[1_000, 5_000]), cpu(&[3_000])];
+        let second = hists.read(key, &cpus, false, name).unwrap();
+        assert_eq!(
+            (second.count, second.sum_ns, second.max_ns),
+            (1, 5_000, 5_000)
+        );
+        assert_eq!(hists.read(key, &cpus, false, || panic!("not asked")), None);
+        // The process exited: its last read, then its pid starts afresh.
+        let cpus = [cpu(&[1_000, 5_000, 9]), cpu(&[3_000])];
+        assert_eq!(hists.read(key, &cpus, true, || None).unwrap().count, 1);
+        let reused = hists.read(key, &[cpu(&[8])], false, name).unwrap();
+        assert_eq!((reused.count, reused.min_ns), (1, 8));
+        let unknown = HistKey { metric: 99, ..key };
+        assert_eq!(hists.read(unknown, &[cpu(&[8])], false, name), None);
     }
 }

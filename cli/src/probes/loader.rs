@@ -13,7 +13,7 @@ use aya::{
 };
 use probes_common::{
     MAX_SLOTS, SLOT_MASK_GLOBAL, TASK_COMM_LEN,
-    event::{EVENTS_MAP, EventKind},
+    event::EVENTS_MAP,
     stats::{STATS_MAP, Stat},
     watch::WatchReason,
 };
@@ -34,7 +34,7 @@ use super::{
 use crate::{
     model::{
         event::Event,
-        probe_stats::{Drops, LostEvents, ProgramCost, RingLost, RungInUse},
+        probe_stats::{Drops, LostEvents, ProbeKind, ProgramCost, RingLost, RungInUse},
     },
     procfs,
 };
@@ -275,7 +275,7 @@ impl Probes {
                 .with_context(|| format!("reading the fdinfo of {name}"))?;
             let misses = recursion_misses(&info);
             if misses > 0
-                && let Some(kind) = event_kind_of(name)
+                && let Some(kind) = probe_kind_of(name)
             {
                 *skipped.of_kind(kind) += misses;
             }
@@ -319,10 +319,10 @@ impl Probes {
     }
 }
 
-/// The kind of event the program `name` makes, or helps make (an enter
-/// half): a skipped run loses one of those. None for programs that make
-/// none, like the TCP iterator.
-fn event_kind_of(name: &str) -> Option<EventKind> {
+/// What the program `name` records, or helps record (an enter half): a
+/// skipped run loses one of those. None for programs that record nothing
+/// of their own, like the TCP iterator.
+fn probe_kind_of(name: &str) -> Option<ProbeKind> {
     use probes_common::{accept, fork, sock, watch};
     let accept_programs = [
         accept::ENTER_PROGRAM,
@@ -340,15 +340,15 @@ fn event_kind_of(name: &str) -> Option<EventKind> {
         fork::EXIT_PROGRAM,
     ];
     if accept_programs.contains(&name) || accept::FEXIT_PROGRAMS.iter().any(|&(_, p)| p == name) {
-        Some(EventKind::Accept)
+        Some(ProbeKind::Accept)
     } else if fork_programs.contains(&name) {
-        Some(EventKind::Fork)
+        Some(ProbeKind::Fork)
     } else {
         match name {
-            watch::FORK_PROGRAM => Some(EventKind::Spawn),
-            watch::EXEC_PROGRAM => Some(EventKind::Exec),
-            watch::EXIT_PROGRAM => Some(EventKind::Exit),
-            sock::STATE_PROGRAM | sock::STATE_BTF_PROGRAM => Some(EventKind::TcpState),
+            watch::FORK_PROGRAM => Some(ProbeKind::Spawn),
+            watch::EXEC_PROGRAM => Some(ProbeKind::Exec),
+            watch::EXIT_PROGRAM => Some(ProbeKind::Exit),
+            sock::STATE_PROGRAM | sock::STATE_BTF_PROGRAM => Some(ProbeKind::TcpState),
             _ => None,
         }
     }
@@ -387,7 +387,7 @@ mod tests {
     }
 
     #[test]
-    fn every_event_making_program_has_a_kind() {
+    fn every_recording_program_has_a_kind() {
         let mut l = LostEvents::default();
         for name in [
             "accept_enter",
@@ -403,19 +403,19 @@ mod tests {
             "watch_exit",
             "tcp_state",
         ] {
-            *l.of_kind(event_kind_of(name).unwrap_or_else(|| panic!("{name}"))) += 1;
+            *l.of_kind(probe_kind_of(name).unwrap_or_else(|| panic!("{name}"))) += 1;
         }
         assert_eq!(
             (l.accept, l.fork, l.spawn, l.exec, l.exit, l.tcp_state),
             (3, 5, 1, 1, 1, 1)
         );
-        assert!(event_kind_of("tcp_sockets").is_none());
+        assert!(probe_kind_of("tcp_sockets").is_none());
     }
 
     #[test]
-    fn both_state_programs_make_tcp_state_events() {
+    fn both_state_programs_record_tcp_state_changes() {
         for name in ["tcp_state", "tcp_state_btf"] {
-            assert_eq!(event_kind_of(name), Some(EventKind::TcpState), "{name}");
+            assert_eq!(probe_kind_of(name), Some(ProbeKind::TcpState), "{name}");
         }
     }
 

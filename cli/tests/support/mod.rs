@@ -13,6 +13,7 @@ use std::{
     sync::{Mutex, MutexGuard},
 };
 
+use probes_common::{event::EVENTS_RING_BYTES, lifecycle::ExitEvent};
 use serde_json::Value;
 
 use stackprobe::{
@@ -21,6 +22,15 @@ use stackprobe::{
     probes::{Options, rungs::ForkRung, rungs::QueueRung},
     procfs,
 };
+
+/// 20% more accepts than the ring buffer could hold had each sent even the
+/// smallest record the probes send (an exit event, behind the ring's 8-byte
+/// header): with nobody reading, any accept that crossed the ring would
+/// overflow it.
+pub fn accepts_past_the_ring() -> u64 {
+    let record = (size_of::<ExitEvent>() as u64 + 8).next_multiple_of(8);
+    u64::from(EVENTS_RING_BYTES) / record * 6 / 5
+}
 
 /// The collector `stackprobe watch` runs, selecting nothing by itself: each
 /// test tells its probes which processes to watch.
