@@ -19,6 +19,11 @@ pub const HIST_ZERO_MAP: &str = "HIST_ZERO";
 /// or fork; userspace removes the keys of processes that exited. Past this a
 /// sample is lost and counted as `Stat::HistFull`.
 pub const HIST_ENTRIES: u32 = 4096;
+/// Preallocated per-CPU hash with the same keys and values, for the keys
+/// HISTS could not allocate at once (its allocator keeps few values ready);
+/// userspace reads both alike. 64 × 9 KB per CPU.
+pub const HISTS_SPARE_MAP: &str = "HISTS_SPARE";
+pub const HIST_SPARE_ENTRIES: u32 = 64;
 
 /// Sub-buckets per power of two: 2^6 = 64.
 pub const SUB_BITS: u32 = 6;

@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use probes_common::{
-    hist::{HIST_ENTRIES, HistKey, HistMetric, HistValue},
+    hist::{BUCKETS, HIST_ENTRIES, HIST_SPARE_ENTRIES, HistKey, HistMetric, HistValue, bucket_of},
     stats::Stat,
 };
 
@@ -18,6 +18,14 @@ use crate::events;
 #[map]
 static HISTS: PerCpuHashMap<HistKey, HistValue> =
     PerCpuHashMap::with_max_entries(HIST_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Preallocated, so an insert never needs memory: it takes the keys HISTS
+/// could not allocate. HISTS's per-CPU allocator keeps only one to three
+/// values ready per CPU and refills later, so a burst of new keys (the
+/// workers a load wakes, accepting at once) can find it empty.
+#[map]
+static HISTS_SPARE: PerCpuHashMap<HistKey, HistValue> =
+    PerCpuHashMap::with_max_entries(HIST_SPARE_ENTRIES, 0);
 
 /// Never written: the zeroed value a new key starts from.
 #[map]
@@ -38,22 +46,28 @@ pub fn record(tgid: u32, metric: HistMetric, ns: u64) {
         tgid,
         metric: metric as u32,
     };
-    let value = match HISTS.get_ptr_mut(key) {
+    let value = match HISTS
+        .get_ptr_mut(key)
+        .or_else(|| HISTS_SPARE.get_ptr_mut(key))
+    {
         Some(value) => value,
         None => {
             let Some(zero) = HIST_ZERO.get(0) else {
                 return;
             };
             // Another CPU may create the key meanwhile: either way it
-            // exists after this, unless the map is full.
+            // exists after this, unless both maps are out of room.
             let _ = HISTS.insert(key, zero, u64::from(BPF_NOEXIST));
-            match HISTS.get_ptr_mut(key) {
+            match HISTS.get_ptr_mut(key).or_else(|| {
+                let _ = HISTS_SPARE.insert(key, zero, u64::from(BPF_NOEXIST));
+                HISTS_SPARE.get_ptr_mut(key)
+            }) {
                 Some(value) => value,
                 None => {
                     events::count(Stat::HistFull);
                     debug!(
                         &(),
-                        "HISTS map full: a sample of {} could not be recorded", tgid
+                        "HISTS and HISTS_SPARE full: a sample of {} could not be recorded", tgid
                     );
                     return;
                 }

@@ -10,7 +10,8 @@ use aya::{
     maps::{MapData, PerCpuHashMap},
 };
 use probes_common::hist::{
-    BUCKETS, HISTS_MAP, HistKey, HistMetric, HistValue, bucket_bounds, bucket_value,
+    BUCKETS, HISTS_MAP, HISTS_SPARE_MAP, HistKey, HistMetric, HistValue, bucket_bounds,
+    bucket_value,
 };
 
 use crate::{
@@ -118,43 +119,49 @@ pub fn delta(before: &Totals, now: &Totals) -> Option<Gain> {
     })
 }
 
-/// What has been read so far, per histogram.
+/// The kernel's maps of histograms: most keys live in the first; the
+/// preallocated second takes those the first could not allocate at once.
+const MAPS: [&str; 2] = [HISTS_MAP, HISTS_SPARE_MAP];
+
+/// What has been read so far, per map and histogram.
 #[derive(Clone, Debug, Default)]
 pub struct KernelHists {
-    seen: HashMap<HistKey, Totals>,
+    seen: HashMap<(usize, HistKey), Totals>,
 }
 
 impl KernelHists {
     /// Hands `f` what every histogram gained since the last call. Entries
     /// of processes that have exited are read one last time and removed
-    /// (they can gain nothing more), which keeps the map small.
+    /// (they can gain nothing more), which keeps the maps small.
     pub fn drain(&mut self, ebpf: &mut Ebpf, mut f: impl FnMut(Event)) -> Result<()> {
-        let map = ebpf
-            .map_mut(HISTS_MAP)
-            .context("the probes lack the HISTS map")?;
-        let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> =
-            PerCpuHashMap::try_from(map)?;
-        let keys: Vec<HistKey> = hists.keys().filter_map(Result::ok).collect();
         let mut exited: HashMap<u32, bool> = HashMap::new();
-        for key in keys {
-            // Asked before the read: once exited, the read below is final.
-            let gone = *exited
-                .entry(key.tgid)
-                .or_insert_with(|| procfs::has_exited(key.tgid));
-            let Ok(values) = hists.get(&key, 0) else {
-                continue;
-            };
-            if gone {
-                // Removing is safe: a process that has exited adds nothing.
-                let _ = hists.remove(&key);
-            }
-            let comm = || {
-                (!gone)
-                    .then(|| procfs::read(key.tgid).map(|p| p.comm))
-                    .flatten()
-            };
-            if let Some(d) = self.read(key, values.iter(), gone, comm) {
-                f(Event::Hist(d));
+        for (index, name) in MAPS.into_iter().enumerate() {
+            let map = ebpf
+                .map_mut(name)
+                .with_context(|| format!("the probes lack the {name} map"))?;
+            let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> =
+                PerCpuHashMap::try_from(map)?;
+            let keys: Vec<HistKey> = hists.keys().filter_map(Result::ok).collect();
+            for key in keys {
+                // Asked before the read: once exited, the read below is final.
+                let gone = *exited
+                    .entry(key.tgid)
+                    .or_insert_with(|| procfs::has_exited(key.tgid));
+                let Ok(values) = hists.get(&key, 0) else {
+                    continue;
+                };
+                if gone {
+                    // Removing is safe: a process that has exited adds nothing.
+                    let _ = hists.remove(&key);
+                }
+                let comm = || {
+                    (!gone)
+                        .then(|| procfs::read(key.tgid).map(|p| p.comm))
+                        .flatten()
+                };
+                if let Some(d) = self.read_in(index, key, values.iter(), gone, comm) {
+                    f(Event::Hist(d));
+                }
             }
         }
         Ok(())
@@ -172,12 +179,24 @@ impl KernelHists {
         last: bool,
         comm: impl FnOnce() -> Option<String>,
     ) -> Option<HistDelta> {
+        self.read_in(0, key, per_cpu, last, comm)
+    }
+
+    /// `read`, of the histogram in map `map` of [`MAPS`].
+    fn read_in<'a>(
+        &mut self,
+        map: usize,
+        key: HistKey,
+        per_cpu: impl IntoIterator<Item = &'a HistValue>,
+        last: bool,
+        comm: impl FnOnce() -> Option<String>,
+    ) -> Option<HistDelta> {
         let now = Totals::of_cpus(per_cpu);
         let gain = if last {
-            let before = self.seen.remove(&key).unwrap_or_else(Totals::zero);
+            let before = self.seen.remove(&(map, key)).unwrap_or_else(Totals::zero);
             delta(&before, &now)
         } else {
-            let before = self.seen.entry(key).or_insert_with(Totals::zero);
+            let before = self.seen.entry((map, key)).or_insert_with(Totals::zero);
             let gain = delta(before, &now);
             *before = now;
             gain
@@ -199,19 +218,23 @@ impl KernelHists {
 /// How many samples of `metric` process `tgid`'s histogram holds, after
 /// which its histograms are removed (for stackprobe's own self-check).
 pub fn take(ebpf: &mut Ebpf, tgid: u32, metric: HistMetric) -> Result<u64> {
-    let map = ebpf
-        .map_mut(HISTS_MAP)
-        .context("the probes lack the HISTS map")?;
-    let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> = PerCpuHashMap::try_from(map)?;
     let key = |metric: HistMetric| HistKey {
         tgid,
         metric: metric as u32,
     };
-    let count = hists
-        .get(&key(metric), 0)
-        .map_or(0, |values| Totals::of_cpus(values.iter()).count);
-    for m in HistMetric::ALL {
-        let _ = hists.remove(&key(m));
+    let mut count = 0;
+    for name in MAPS {
+        let map = ebpf
+            .map_mut(name)
+            .with_context(|| format!("the probes lack the {name} map"))?;
+        let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> =
+            PerCpuHashMap::try_from(map)?;
+        count += hists
+            .get(&key(metric), 0)
+            .map_or(0, |values| Totals::of_cpus(values.iter()).count);
+        for m in HistMetric::ALL {
+            let _ = hists.remove(&key(m));
+        }
     }
     Ok(count)
 }
