@@ -254,6 +254,28 @@ fn time_wait(s: &Value, port: u16) -> (u64, u64) {
         })
 }
 
+/// Masters hold listening sockets and accept nothing: no passive opens
+/// are theirs, and the backend's accepted connections are its workers'.
+fn assert_no_master_opens(s: &Value) {
+    let links = s["tcp"]["links"].as_array().unwrap();
+    let passive = |l: &&Value| l["side"] == "passive" && l["opens"]["total"].as_u64().unwrap() > 0;
+    let wrong: Vec<&Value> = links
+        .iter()
+        .filter(passive)
+        .filter(|l| l["owner"].as_str().is_some_and(|o| o.ends_with("master")))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "passive opens owned by a master: {wrong:?}"
+    );
+    assert!(
+        links.iter().filter(passive).any(|l| {
+            l["owner"] == "nginx worker" && l["link"].as_str().unwrap().contains(":18081")
+        }),
+        "nginx workers own the backend's accepted connections: {links:?}"
+    );
+}
+
 /// TIME_WAIT sockets the kernel ended early for a new connection on the same
 /// 4-tuple, machine-wide (TcpExt TWRecycled).
 fn tw_recycled() -> u64 {
@@ -301,6 +323,27 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     let before = stack_processes();
     let lab = Lab::up();
     let served = |l: &Load| (l.requests, l.requests + CONNECTIONS);
+
+    // 0. The lab's three loads, 20 s each, under one watch: nothing the
+    //    kernel skipped or the ring buffer lost, and the connections nginx
+    //    workers accept are theirs, not their master's.
+    let probe = watch();
+    for (page, keepalive) in [("static", false), ("new", false), ("persistent", true)] {
+        let run = load(page, keepalive, 20);
+        eprintln!("{page}: {} requests ({}/s)", run.requests, run.per_s);
+    }
+    let s = summary(&probe.stop());
+    assert_eq!(
+        s["drops"], 0,
+        "drops at the lab's loads: {}",
+        s["drops_by_cause"]
+    );
+    for cause in ["lost", "skipped"] {
+        for (kind, n) in s["drops_by_cause"][cause].as_object().unwrap() {
+            assert_eq!(n, 0, "{cause} {kind}: {}", s["drops_by_cause"]);
+        }
+    }
+    assert_no_master_opens(&s);
 
     // 1. A new TCP connection to postgres per request, through the frontend
     //    that opens a new upstream connection per request.
@@ -366,6 +409,7 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
                 && i.contains("persistent connections")),
         "{found:?}"
     );
+    assert_no_master_opens(&s);
     // Without upstream keepalive every request leaves a TIME_WAIT between the
     // nginx frontend and backend, and one between php-fpm and postgres.
     let (now, new) = time_wait(&s, 18081);
