@@ -309,6 +309,70 @@ fn within_1_percent(what: &str, ours: u64, theirs: u64) {
     );
 }
 
+/// Each process of the stack in one role of its kind, one row per role, and
+/// no row without a live process or anything counted; links owned by those
+/// roles only.
+fn one_row_per_role(s: &Value) {
+    let rows: Vec<&str> = s["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["role"].as_str().unwrap())
+        .collect();
+    let mut unique = rows.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), rows.len(), "a role twice: {rows:?}");
+    for r in s["roles"].as_array().unwrap() {
+        let metrics = ["accept", "accept_queue", "fork", "thread", "child_lifetime"];
+        let counts = ["exited", "execs", "fork_unknown", "fork_failed"];
+        let counted: u64 = metrics
+            .iter()
+            .chain(&counts)
+            .map(|m| r[*m]["total"].as_u64().unwrap())
+            .sum();
+        assert!(
+            r["processes"].as_u64().unwrap() > 0 || counted > 0,
+            "an empty row: {r}"
+        );
+    }
+    let expected = [
+        "nginx master",
+        "nginx worker",
+        "postgres postmaster",
+        "postgres backend",
+        "php-fpm master",
+        "php-fpm pool lab",
+    ];
+    for role in &rows {
+        // php-fpm8.2 → php-fpm
+        let kind: String = role
+            .split(' ')
+            .enumerate()
+            .map(|(i, w)| {
+                if i == 0 {
+                    w.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.')
+                } else {
+                    w
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            expected.contains(&kind.as_str()),
+            "role {role:?} in {rows:?}"
+        );
+    }
+    for link in s["tcp"]["links"].as_array().unwrap() {
+        if let Some(owner) = link["owner"].as_str() {
+            assert!(
+                rows.contains(&owner),
+                "link {link} owned by a role without a row: {rows:?}"
+            );
+        }
+    }
+}
+
 fn insights(s: &Value) -> Vec<String> {
     s["insights"]
         .as_array()
@@ -355,6 +419,7 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     // (tcp_tw_reuse): the kernel ends that TIME_WAIT early, and counts it.
     let recycled = tw_recycled() - recycled_before;
     let s = summary(&probe.stop());
+    one_row_per_role(&s);
     let ss_backend = ss_time_wait(18081);
     let ss_postgres = ss_time_wait(15432);
     let bpf = bpf.stop();
@@ -410,6 +475,29 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
         "{found:?}"
     );
     assert_no_master_opens(&s);
+    // A postmaster whose connections wait in its accept queue is told of its
+    // forks, never of workers it does not have.
+    let queue = &postmaster["accept_queue"];
+    eprintln!(
+        "  postmaster accept queue: {} connections, p99 {} ns",
+        queue["count"], queue["p99_ns"]
+    );
+    let said = found
+        .iter()
+        .find(|i| i.starts_with("postgres postmaster: connections wait"));
+    if queue["count"].as_u64().unwrap() >= 20 && queue["p99_ns"].as_u64().unwrap() >= 10_000_000 {
+        let said = said.unwrap_or_else(|| panic!("no accept-queue insight: {found:?}"));
+        assert!(
+            said.contains("accepts and forks one connection at a time") && said.contains("pooler"),
+            "{said}"
+        );
+    } else {
+        assert!(said.is_none(), "{found:?}");
+    }
+    assert!(
+        !found.iter().any(|i| i.contains("workers are saturated")),
+        "{found:?}"
+    );
     // Without upstream keepalive every request leaves a TIME_WAIT between the
     // nginx frontend and backend, and one between php-fpm and postgres.
     let (now, new) = time_wait(&s, 18081);
@@ -439,6 +527,7 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     let probe = watch();
     let run = load("persistent", true, 3);
     let s = summary(&probe.stop());
+    one_row_per_role(&s);
     let bpf = bpf.stop();
     let (accepts, forks) = postgres_accepts_forks(&s);
     eprintln!(
@@ -478,6 +567,7 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     let probe = watch();
     let run = load("unix", true, 2);
     let s = summary(&probe.stop());
+    one_row_per_role(&s);
     let (accepts, forks) = postgres_accepts_forks(&s);
     eprintln!(
         "unix socket: {} requests ({}/s); postgres accepts {accepts}, forks {forks}",

@@ -34,7 +34,9 @@ impl WatchSet {
     /// also adds to the kernel's watch set every running process selected
     /// by name and every child of a watched one (forked before the fork
     /// probe was attached). Titles are read only for processes `table` has
-    /// none for: they are set once, after fork or exec.
+    /// none for, or whose role still waits on theirs (a php-fpm worker
+    /// shows its master's title until it names its pool): they are set
+    /// once, after fork or exec.
     pub fn refresh(
         &mut self,
         selector: &Selector,
@@ -73,7 +75,7 @@ impl WatchSet {
                 pid,
                 name,
                 title: match table.get(pid) {
-                    Some(p) if p.title.is_some() => None,
+                    Some(p) if !p.needs_title() => None,
                     _ => procfs::cmdline(pid),
                 },
                 parent: known.parent.clone(),

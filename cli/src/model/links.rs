@@ -112,6 +112,15 @@ impl LinkTotals {
     fn is_zero(&self) -> bool {
         *self == LinkTotals::default()
     }
+
+    fn plus(&self, other: &LinkTotals) -> LinkTotals {
+        LinkTotals {
+            opens: self.opens + other.opens,
+            closes: self.closes + other.closes,
+            aborts: self.aborts + other.aborts,
+            new_time_wait: self.new_time_wait + other.new_time_wait,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -125,6 +134,47 @@ pub struct LinkStats {
     pub time_wait: u64,
     /// Sockets that went into TIME_WAIT.
     pub new_time_wait: Counter,
+}
+
+impl LinkStats {
+    /// Adds `total` counts since the start, `interval` of them in this
+    /// interval.
+    fn put(&mut self, total: &LinkTotals, interval: &LinkTotals) {
+        for (c, t, i) in self.counters(total, interval) {
+            c.total += t;
+            c.interval += i;
+        }
+    }
+
+    /// Takes away what [`put`](Self::put) added.
+    fn take(&mut self, total: &LinkTotals, interval: &LinkTotals) {
+        for (c, t, i) in self.counters(total, interval) {
+            c.total = c.total.saturating_sub(t);
+            c.interval = c.interval.saturating_sub(i);
+        }
+    }
+
+    fn counters(
+        &mut self,
+        total: &LinkTotals,
+        interval: &LinkTotals,
+    ) -> [(&mut Counter, u64, u64); 4] {
+        [
+            (&mut self.opens, total.opens, interval.opens),
+            (&mut self.closes, total.closes, interval.closes),
+            (&mut self.aborts, total.aborts, interval.aborts),
+            (
+                &mut self.new_time_wait,
+                total.new_time_wait,
+                interval.new_time_wait,
+            ),
+        ]
+    }
+
+    /// Nothing counted and no TIME_WAIT now: no row to show.
+    fn is_empty(&self) -> bool {
+        *self == LinkStats::default()
+    }
 }
 
 /// A listening socket of a watched process, from the last snapshot.
@@ -165,6 +215,8 @@ impl KernelCounters {
 #[derive(Clone, Debug, Default)]
 struct Seen {
     totals: LinkTotals,
+    /// What it added in the current interval.
+    interval: LinkTotals,
     /// Reads in a row that found no change.
     quiet: u32,
 }
@@ -232,8 +284,8 @@ impl LinkTable {
     /// TIME_WAIT sockets per link; the kernel's counters.
     pub fn observe_snapshot(&mut self, snapshot: SocketSnapshot) {
         self.reads += 1;
-        for (&pid, role) in &snapshot.roles {
-            self.roles.insert(pid, (role.clone(), self.reads));
+        for (pid, role) in snapshot.roles {
+            self.set_role(pid, role);
         }
         self.add_totals(&snapshot.links);
         if let Some(walk) = snapshot.walk {
@@ -269,7 +321,52 @@ impl LinkTable {
     /// Remembers the role of a process that exited, for its links that
     /// count on.
     pub fn remember_role(&mut self, pid: u32, role: String) {
-        self.roles.insert(pid, (role, self.reads));
+        self.set_role(pid, role);
+    }
+
+    /// Names `pid`'s links by `role` from now on. A process whose role
+    /// changed (a server's first fork of its own name makes it a master; a
+    /// php-fpm worker names its pool after its fork) takes what its links
+    /// counted so far along, so one process never leaves rows under two
+    /// roles.
+    fn set_role(&mut self, pid: u32, role: String) {
+        let old = match self.roles.insert(pid, (role.clone(), self.reads)) {
+            Some((old, _)) if old != role => old,
+            _ => return,
+        };
+        // What each of its kernel links added so far is what `seen` holds:
+        // all of it went to the old role's rows.
+        let moved: Vec<(Peer, LinkTotals, LinkTotals)> = self
+            .seen
+            .iter()
+            .filter(|(link, _)| link.owner == pid)
+            .map(|(link, seen)| (link.peer, seen.totals, seen.interval))
+            .collect();
+        for (peer, total, interval) in moved {
+            let text = self
+                .peers
+                .entry(peer)
+                .or_insert_with(|| peer.format())
+                .clone();
+            let from = LinkKey {
+                owner: Some(old.clone()),
+                side: peer.side,
+                peer: text.clone(),
+            };
+            let Some(stats) = self.links.get_mut(&from) else {
+                continue;
+            };
+            stats.take(&total, &interval);
+            if stats.is_empty() {
+                self.links.remove(&from);
+            }
+            let to = LinkKey {
+                owner: Some(role.clone()),
+                side: peer.side,
+                peer: text,
+            };
+            self.stats(to).put(&total, &interval);
+        }
     }
 
     /// Watched processes' listening sockets, from the last snapshot.
@@ -341,21 +438,25 @@ impl LinkTable {
         for (link, totals) in now {
             let before = self.seen.get(link);
             let delta = totals.since(&before.map(|s| s.totals).unwrap_or_default());
+            // A key forgotten in the kernel counts from 0 again: what it
+            // added before was an earlier link's.
+            let restarted = before.is_some_and(|b| !b.totals.is_zero() && delta == *totals);
+            let mut interval = before
+                .filter(|_| !restarted)
+                .map_or_else(LinkTotals::default, |s| s.interval);
             let quiet = if delta.is_zero() {
                 before.map_or(0, |s| s.quiet) + 1
             } else {
                 let key = self.key(link);
-                let stats = self.stats(key);
-                stats.opens.add(delta.opens);
-                stats.closes.add(delta.closes);
-                stats.aborts.add(delta.aborts);
-                stats.new_time_wait.add(delta.new_time_wait);
+                self.stats(key).put(&delta, &delta);
+                interval = interval.plus(&delta);
                 0
             };
             seen.insert(
                 *link,
                 Seen {
                     totals: *totals,
+                    interval,
                     quiet,
                 },
             );
@@ -401,6 +502,9 @@ impl LinkTable {
     pub fn reset_interval(&mut self) {
         if let Some((start, _, now)) = self.counters {
             self.counters = Some((start, now, now));
+        }
+        for seen in self.seen.values_mut() {
+            seen.interval = LinkTotals::default();
         }
         self.links.retain(|_, s| {
             s.time_wait > 0
@@ -650,5 +754,46 @@ mod tests {
             t.observe_snapshot(SocketSnapshot::default());
         }
         assert_eq!(t.remembered(), 1);
+    }
+
+    #[test]
+    fn a_process_whose_role_settles_takes_its_links_along() {
+        let mut t = LinkTable::default();
+        let server = passive(SERVER, "127.0.0.1:80", "127.0.0.1");
+        let other = passive(SERVER + 1, "127.0.0.1:80", "127.0.0.1");
+        let as_role = |links, role: &str| SocketSnapshot {
+            links,
+            roles: HashMap::from([(SERVER, role.into()), (SERVER + 1, "srv master".into())]),
+            ..SocketSnapshot::default()
+        };
+        // A server counted before its first fork of its own name…
+        t.observe_snapshot(as_role(
+            vec![(server, totals(3, 2, 0, 0)), (other, totals(4, 4, 0, 0))],
+            "srv",
+        ));
+        t.reset_interval();
+        t.observe_snapshot(as_role(
+            vec![(server, totals(5, 4, 1, 0)), (other, totals(4, 4, 0, 0))],
+            "srv",
+        ));
+        // …then a master, with another master already on the same link.
+        t.observe_snapshot(as_role(
+            vec![(server, totals(6, 6, 1, 0)), (other, totals(4, 4, 0, 0))],
+            "srv master",
+        ));
+        let owners: Vec<_> = t.iter().map(|(k, _)| k.owner.clone()).collect();
+        assert_eq!(owners, [Some("srv master".to_string())], "one row");
+        let r = row(&t, Some("srv master"), "127.0.0.1:80 ← 127.0.0.1");
+        assert_eq!((r.opens.total, r.closes.total, r.aborts.total), (10, 10, 1));
+        // This interval: 2 + 1 opens of the server's, none of the other's.
+        assert_eq!((r.opens.interval, r.closes.interval), (3, 4));
+        // Retiring under the same role moves nothing.
+        t.remember_role(SERVER, "srv master".into());
+        assert_eq!(
+            row(&t, Some("srv master"), "127.0.0.1:80 ← 127.0.0.1")
+                .opens
+                .total,
+            10
+        );
     }
 }

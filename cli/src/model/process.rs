@@ -211,6 +211,23 @@ impl Process {
             self.forks_own_name,
         )
     }
+
+    /// Whether the role can still change: a php-fpm worker that has not
+    /// named its pool yet. (A process that turns out to be a master moves
+    /// too, and takes everything it did along: roles are summed from live
+    /// processes at each report.)
+    pub fn role_settled(&self) -> bool {
+        let child_of_same = self.parent.as_ref().is_some_and(|(_, n)| *n == self.name);
+        self.forks_own_name
+            || !child_of_same
+            || roles::title_settled(&self.name, self.title.as_deref().unwrap_or(""))
+    }
+
+    /// Whether /proc's title is worth reading (again): never read, or its
+    /// role still waits on it.
+    pub fn needs_title(&self) -> bool {
+        self.title.is_none() || !self.role_settled()
+    }
 }
 
 /// What /proc says about a watched process (the sync's input).
@@ -339,13 +356,40 @@ impl ProcessTable {
     /// Removes `pid`, adding its numbers to its role's totals.
     fn retire(&mut self, pid: u32) {
         if let Some(proc) = self.procs.remove(&pid) {
-            let role = proc.role();
+            let role = self.retiring_role(&proc);
             self.exited_roles[0].insert(pid, role.clone());
             // Its sockets keep counting on its links under this role.
             self.links.remember_role(pid, role.clone());
             let retired = self.retired_role(role);
             retired.add(&proc.activity, Span::Whole);
             retired.exited.bump();
+        }
+    }
+
+    /// The role `proc` retires into: its own, unless it left before it
+    /// settled. A php-fpm worker that exited before naming its pool belongs
+    /// to a pool of its master: the one its live siblings all name, when
+    /// they name one; with siblings in several pools (or none) it stays a
+    /// worker of no known pool rather than be guessed into one.
+    fn retiring_role(&self, proc: &Process) -> String {
+        let role = proc.role();
+        if proc.role_settled() {
+            return role;
+        }
+        let parent = proc.parent.as_ref().map(|(pid, _)| *pid);
+        let mut siblings = self
+            .procs
+            .values()
+            .filter(|p| {
+                p.parent.as_ref().map(|(pid, _)| *pid) == parent
+                    && p.name == proc.name
+                    && !p.forks_own_name
+                    && p.role_settled()
+            })
+            .map(Process::role);
+        match siblings.next() {
+            Some(first) if siblings.all(|r| r == first) => first,
+            _ => role,
         }
     }
 
@@ -786,5 +830,115 @@ mod tests {
         assert_eq!(t.get(1).unwrap().activity.children_exec.total, 1);
         assert_eq!(t.get(9).unwrap().activity.execs.total, 1);
         assert_eq!(t.get(9).unwrap().role(), "true");
+    }
+
+    const MASTER_TITLE: &str = "php-fpm: master process (/etc/php/8.2/fpm/php-fpm.conf)";
+
+    /// A php-fpm process as /proc shows it.
+    fn fpm(pid: u32, parent: Option<u32>, title: &str) -> LiveProcess {
+        LiveProcess {
+            pid,
+            name: "php-fpm8.2".into(),
+            title: Some(title.into()),
+            parent: parent.map(|p| (p, "php-fpm8.2".to_string())),
+        }
+    }
+
+    fn role_names(t: &ProcessTable) -> Vec<String> {
+        t.roles(Span::Whole).into_keys().collect()
+    }
+
+    #[test]
+    fn a_worker_seen_before_its_title_settles_into_one_role_with_everything_it_did() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[
+            fpm(1, None, MASTER_TITLE),
+            fpm(2, Some(1), "php-fpm: pool www"),
+            // Read between its fork and its naming its pool: its master's title.
+            fpm(3, Some(1), MASTER_TITLE),
+        ]);
+        t.apply(&hist(3, HistMetric::Accept, 4));
+        assert_eq!(t.get(3).unwrap().role(), "php-fpm8.2 worker");
+        assert!(
+            t.get(3).unwrap().needs_title(),
+            "read again at the next sync"
+        );
+        assert!(!t.get(2).unwrap().needs_title());
+        assert!(!t.get(1).unwrap().needs_title());
+        t.reset_interval();
+        t.apply(&hist(3, HistMetric::Accept, 1));
+        t.sync_watched(&[
+            fpm(1, None, MASTER_TITLE),
+            fpm(2, Some(1), "php-fpm: pool www"),
+            fpm(3, Some(1), "php-fpm: pool www"),
+        ]);
+        assert_eq!(role_names(&t), ["php-fpm8.2 master", "php-fpm8.2 pool www"]);
+        let (pids, pool) = &t.roles(Span::Whole)["php-fpm8.2 pool www"];
+        assert_eq!(pids, &[2, 3]);
+        assert_eq!(pool.accept.total.count(), 5);
+        assert_eq!(
+            t.roles(Span::Interval)["php-fpm8.2 pool www"]
+                .1
+                .accept
+                .interval
+                .count(),
+            1
+        );
+        // It exits: its numbers stay in its pool.
+        t.apply(&exit(3, 10));
+        assert_eq!(role_names(&t), ["php-fpm8.2 master", "php-fpm8.2 pool www"]);
+        assert_eq!(
+            t.roles(Span::Whole)["php-fpm8.2 pool www"]
+                .1
+                .accept
+                .total
+                .count(),
+            5
+        );
+    }
+
+    #[test]
+    fn a_worker_that_exits_before_naming_its_pool_joins_its_siblings_pool() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[
+            fpm(1, None, MASTER_TITLE),
+            fpm(2, Some(1), "php-fpm: pool www"),
+            fpm(3, Some(1), MASTER_TITLE),
+        ]);
+        t.apply(&hist(3, HistMetric::Accept, 2));
+        t.apply(&exit(3, 10));
+        assert_eq!(role_names(&t), ["php-fpm8.2 master", "php-fpm8.2 pool www"]);
+        let pool = &t.roles(Span::Whole)["php-fpm8.2 pool www"].1;
+        assert_eq!((pool.accept.total.count(), pool.exited.total), (2, 1));
+        // With pools of two names, which one it served is not known.
+        t.sync_watched(&[
+            fpm(1, None, MASTER_TITLE),
+            fpm(2, Some(1), "php-fpm: pool www"),
+            fpm(4, Some(1), "php-fpm: pool api"),
+            fpm(5, Some(1), MASTER_TITLE),
+        ]);
+        t.apply(&exit(5, 20));
+        assert!(role_names(&t).contains(&"php-fpm8.2 worker".to_string()));
+    }
+
+    #[test]
+    fn a_daemonized_master_is_one_master_with_its_short_lived_parent() {
+        let mut t = ProcessTable::default();
+        // php-fpm forks its master and exits; the master forks the workers.
+        t.sync_watched(&[fpm(1, None, "php-fpm8.2 --fpm-config lab.conf")]);
+        t.apply(&spawn(1, 2, "php-fpm8.2", 0));
+        t.apply(&exit(1, 1_000));
+        t.apply(&hist(2, HistMetric::Thread, 1));
+        t.apply(&spawn(2, 3, "php-fpm8.2", 2_000));
+        t.apply(&spawn(2, 4, "php-fpm8.2", 3_000));
+        t.sync_watched(&[
+            fpm(2, Some(1), MASTER_TITLE),
+            fpm(3, Some(2), "php-fpm: pool www"),
+            fpm(4, Some(2), "php-fpm: pool www"),
+        ]);
+        assert_eq!(role_names(&t), ["php-fpm8.2 master", "php-fpm8.2 pool www"]);
+        let (pids, master) = &t.roles(Span::Whole)["php-fpm8.2 master"];
+        assert_eq!(pids, &[2]);
+        assert_eq!((master.exited.total, master.thread.total.count()), (1, 1));
     }
 }

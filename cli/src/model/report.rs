@@ -116,6 +116,32 @@ pub struct RoleRow {
 
 pub const PIDS_SHOWN: usize = 16;
 
+impl RoleRow {
+    /// No live process and nothing in the period: a role whose processes
+    /// all exited before it, or that was only ever a name. It has no row.
+    fn is_empty(&self) -> bool {
+        self.processes == 0
+            && [
+                &self.accept,
+                &self.accept_queue,
+                &self.fork,
+                &self.thread,
+                &self.child_lifetime,
+            ]
+            .iter()
+            .all(|m| m.latency.count == 0)
+            && [
+                self.fork_unknown,
+                self.fork_failed,
+                self.execs,
+                self.children_exec,
+                self.exited,
+            ]
+            .iter()
+            .all(|c| c.count == 0)
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct ProcessRow {
     pub process: String,
@@ -263,6 +289,7 @@ impl Report {
             .roles(span)
             .into_iter()
             .map(|(role, (pids, activity))| role_row(&p, table, role, &pids, &activity))
+            .filter(|row| !row.is_empty())
             .collect();
         roles.sort_by(|a, b| {
             (b.accept.total + b.fork.total)
@@ -727,5 +754,34 @@ mod tests {
         ] {
             assert!(gone.is_null(), "{gone}");
         }
+    }
+
+    #[test]
+    fn a_role_with_no_process_and_nothing_in_the_period_has_no_row() {
+        use crate::model::{
+            event::{Event as E, ExitSample as Exit},
+            fixtures::live,
+        };
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "srv"), live(2, "initdb-child")]);
+        t.apply(&E::Exit(Exit { tgid: 2, ts_ns: 5 }));
+        let build = |t: &ProcessTable, kind| {
+            let r = Report::build(
+                kind,
+                t,
+                Duration::from_secs(1),
+                Duration::from_secs(2),
+                Drops::default(),
+            );
+            let mut roles: Vec<_> = r.roles.into_iter().map(|r| r.role).collect();
+            roles.sort();
+            roles
+        };
+        // The interval it exited in shows it, the next ones do not; the
+        // summary does.
+        assert_eq!(build(&t, ReportKind::Interval), ["initdb-child", "srv"]);
+        t.reset_interval();
+        assert_eq!(build(&t, ReportKind::Interval), ["srv"]);
+        assert_eq!(build(&t, ReportKind::Summary), ["initdb-child", "srv"]);
     }
 }
