@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use probes_common::{
-    hist::{BUCKETS, HIST_ENTRIES, HIST_SPARE_ENTRIES, HistKey, HistMetric, HistValue, bucket_of},
+    hist::{HIST_ENTRIES, HIST_SPARE_ENTRIES, HistKey, HistMetric, HistValue},
     stats::Stat,
 };
 

@@ -408,6 +408,7 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
         }
     }
     assert_no_master_opens(&s);
+    one_row_per_role(&s);
 
     // 1. A new TCP connection to postgres per request, through the frontend
     //    that opens a new upstream connection per request.
