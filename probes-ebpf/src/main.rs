@@ -23,7 +23,6 @@ mod memory;
 mod offsets;
 mod slots;
 mod tcp_links;
-mod tracked;
 mod watch_set;
 
 // SAFETY: the loader reads the object's license, a NUL-terminated string,

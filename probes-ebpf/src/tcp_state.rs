@@ -10,7 +10,8 @@
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
-    macros::{btf_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::LruHashMap,
     programs::{BtfTracePointContext, TracePointContext},
 };
 use aya_log_ebpf::debug;
@@ -19,7 +20,7 @@ use probes_common::{
     sock::{
         Closer, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_CLOSING,
         TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_LAST_ACK, TCP_LISTEN, TCP_SYN_RECV,
-        TCP_SYN_SENT, TcpStateEvent, TrackedSocket,
+        TCP_SYN_SENT, TRACKED_MAX_ENTRIES, TcpStateEvent, TrackedSocket,
     },
     stats::Stat,
 };
@@ -29,13 +30,16 @@ use crate::{
     events, handshakes, memory,
     offsets::offset_globals,
     tcp_links::{self, Ends},
-    tracked::{ByAddress, Entries, InSocket},
     watch_set::is_watched,
 };
 
 probes_common::sock_state_fields!(offset_globals);
 probes_common::sock_protocol_member!(offset_globals);
 probes_common::sock_close_members!(offset_globals);
+
+#[map]
+static TRACKED: LruHashMap<u64, TrackedSocket> =
+    LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
 
 const IPPROTO_TCP: u16 = 6;
 
@@ -71,7 +75,7 @@ pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
     let sk: u64 = ctx.arg(0);
     let old = ctx.arg::<i32>(1) as u8;
     let new = ctx.arg::<i32>(2) as u8;
-    on_change(&InSocket, sk, old, new, || {
+    on_change(sk, old, new, || {
         tcp_links::read::<u16>(sk, &SK_PROTOCOL) == Some(IPPROTO_TCP)
     });
     0
@@ -88,15 +92,14 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     let sk: u64 = tcp_links::at(&record, &TP_SKADDR);
     let old = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_OLDSTATE) as u8;
     let new = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_NEWSTATE) as u8;
-    on_change(&ByAddress, sk, old, new, || true);
+    on_change(sk, old, new, || true);
     0
 }
 
-/// One state change of the socket at `sk`, whose entry is in `entries`;
-/// `is_tcp` says whether it is a TCP socket, asked only of a socket about to
-/// be tracked.
+/// One state change of the socket at `sk`; `is_tcp` says whether it is a
+/// TCP socket, asked only of a socket about to be tracked.
 #[inline(always)]
-fn on_change(entries: &impl Entries, sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
+fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let by_owner = by_owner(old, new);
     let in_owner = by_owner && is_watched(tgid);
@@ -104,7 +107,7 @@ fn on_change(entries: &impl Entries, sk: u64, old: u8, new: u8, is_tcp: impl FnO
     // Whose socket is it? One we track; else, for changes made by a watched
     // owner's own syscalls, the caller's; else a connection arriving at a
     // watched listener.
-    let tracked = entries.get(sk);
+    let tracked = TRACKED.get_ptr_mut(sk);
     let arriving = old == TCP_SYN_RECV && new == TCP_ESTABLISHED;
     if tracked.is_none() && !in_owner && !arriving {
         return;
@@ -121,11 +124,10 @@ fn on_change(entries: &impl Entries, sk: u64, old: u8, new: u8, is_tcp: impl FnO
         return;
     }
     let mut entry = match tracked {
-        // SAFETY: copied out at once. Socket storage lives while the run
-        // does; LRU maps are preallocated, so the pointer stays inside the
-        // map's memory even if the entry is deleted and its node reused
-        // meanwhile: at worst this one change counts on another watched
-        // socket's link.
+        // SAFETY: copied out at once. LRU maps are preallocated, so the
+        // pointer stays inside the map's memory even if the entry is
+        // deleted and its node reused meanwhile: at worst this one change
+        // counts on another watched socket's link.
         Some(p) => unsafe { *p },
         None => {
             let owner = if in_owner {
@@ -163,12 +165,7 @@ fn on_change(entries: &impl Entries, sk: u64, old: u8, new: u8, is_tcp: impl FnO
         ends.lport = u16::from_be(sport);
     }
     if listen {
-        match tracked {
-            Some(p) if new == TCP_CLOSE => entries.forget(sk, p),
-            None if new != TCP_CLOSE => follow(entries, sk, entry),
-            _ => {}
-        }
-        listener(old, new, entry, &ends, by_owner);
+        listener(sk, old, new, entry, &ends, tracked.is_none(), by_owner);
         return;
     }
     if by_owner && new == TCP_FIN_WAIT1 {
@@ -205,8 +202,8 @@ fn on_change(entries: &impl Entries, sk: u64, old: u8, new: u8, is_tcp: impl FnO
                 },
             );
         }
-        if let Some(p) = tracked {
-            entries.forget(sk, p);
+        if tracked.is_some() {
+            let _ = TRACKED.remove(sk);
         }
         if entry.side == SIDE_PASSIVE {
             // Only connections arriving at a watched listener had theirs noted.
@@ -220,19 +217,13 @@ fn on_change(entries: &impl Entries, sk: u64, old: u8, new: u8, is_tcp: impl FnO
             handshakes::note(sk, now());
         }
     }
-    if tracked.is_none() {
-        follow(entries, sk, entry);
-    }
-}
-
-/// Starts following the socket at `sk`, or counts why not.
-#[inline(always)]
-fn follow(entries: &impl Entries, sk: u64, entry: TrackedSocket) {
-    if !entries.create(sk, entry) {
+    if tracked.is_none() && TRACKED.insert(sk, entry, 0).is_err() {
+        // An LRU map evicts to make room: this fails only when the kernel
+        // found no free node (contention across CPUs).
         events::count(Stat::TrackedInsertFailed);
         debug!(
             &(),
-            "socket {:x} of {} not followed: no room for its entry", sk, entry.owner
+            "TRACKED: socket {:x} of {} not recorded", sk, entry.owner
         );
     }
 }
@@ -240,22 +231,36 @@ fn follow(entries: &impl Entries, sk: u64, entry: TrackedSocket) {
 /// A watched listener opened or closed: the kernel's map of listeners
 /// follows, and userspace hears of it through the ring buffer.
 #[inline(always)]
-fn listener(old: u8, new: u8, entry: TrackedSocket, e: &Ends, by_owner: bool) {
+fn listener(
+    sk: u64,
+    old: u8,
+    new: u8,
+    entry: TrackedSocket,
+    e: &Ends,
+    untracked: bool,
+    by_owner: bool,
+) {
     if new == TCP_CLOSE {
+        let _ = TRACKED.remove(sk);
         tcp_links::forget_listener(e.lport);
-    } else if new == TCP_LISTEN {
-        if tcp_links::set_listen_owner(e.lport, entry.owner) {
-            debug!(
-                &(),
-                "port {} listened on by {}: connections arriving there are its",
-                e.lport,
-                entry.owner
-            );
-        } else {
-            debug!(
-                &(),
-                "LISTEN_OWNERS full: port {} of {} not recorded", e.lport, entry.owner
-            );
+    } else {
+        if untracked && TRACKED.insert(sk, entry, 0).is_err() {
+            events::count(Stat::TrackedInsertFailed);
+        }
+        if new == TCP_LISTEN {
+            if tcp_links::set_listen_owner(e.lport, entry.owner) {
+                debug!(
+                    &(),
+                    "port {} listened on by {}: connections arriving there are its",
+                    e.lport,
+                    entry.owner
+                );
+            } else {
+                debug!(
+                    &(),
+                    "LISTEN_OWNERS full: port {} of {} not recorded", e.lport, entry.owner
+                );
+            }
         }
     }
     let Some(mut slot) = events::reserve::<TcpStateEvent>(Stat::LostTcpState) else {
