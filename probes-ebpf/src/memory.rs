@@ -2,9 +2,11 @@
 //! kernel's fault-handling copy helpers: a bad address is an error, never a
 //! fault. Safe for [`Bits`] types, since any bytes read are a valid value.
 
+use core::{ffi::c_void, mem::MaybeUninit};
+
 use aya_ebpf::{
     EbpfContext as _, Global,
-    helpers::{bpf_probe_read_kernel, bpf_probe_read_kernel_buf, bpf_probe_read_user},
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_user, generated},
     programs::TracePointContext,
 };
 
@@ -39,14 +41,23 @@ pub fn kernel<T: Bits>(at: u64) -> Option<T> {
     unsafe { bpf_probe_read_kernel(at as *const T) }.ok()
 }
 
-/// Copies the bytes at kernel address `at` into `buf`, in place (no copy of
-/// the copy on the stack); false if the read fails.
+/// Copies the `T` at kernel address `at` into `out`, which needs no
+/// zeroing first (zeroing a large buffer costs a byte-at-a-time memset
+/// loop in BPF); the reference to it, None if the read fails.
 #[inline(always)]
-pub fn kernel_into(at: u64, buf: &mut [u8]) -> bool {
-    // SAFETY: the helper writes at most buf.len() bytes into `buf` through
-    // the kernel's fault-handling accessor, failing on a bad address; any
-    // bytes are valid u8s.
-    unsafe { bpf_probe_read_kernel_buf(at as *const u8, buf) }.is_ok()
+pub fn kernel_in_place<T: Bits>(at: u64, out: &mut MaybeUninit<T>) -> Option<&T> {
+    // SAFETY: the helper writes size_of::<T>() bytes to `out` through the
+    // kernel's fault-handling accessor, all of them on success; T: Bits, so
+    // those bytes are a valid T.
+    let ret = unsafe {
+        generated::bpf_probe_read_kernel(
+            out.as_mut_ptr().cast(),
+            size_of::<T>() as u32,
+            at as *const c_void,
+        )
+    };
+    // SAFETY: as above: on success every byte was written.
+    (ret == 0).then(|| unsafe { out.assume_init_ref() })
 }
 
 /// The `T` at user address `at` in the current task, None if the read

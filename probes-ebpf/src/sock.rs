@@ -50,10 +50,9 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
     let Some(config) = ITER_CONFIG.get_ptr_mut(0) else {
         return 0;
     };
-    let mut e = tcp_links::Ends::default();
-    if !tcp_links::read_ends(sk, &mut e) {
+    let Some(e) = tcp_links::read_ends(sk) else {
         return 0;
-    }
+    };
     // SAFETY: the array's only value, which lives as long as the map; one
     // run walks at a time, and userspace writes it only between runs.
     let config = unsafe { &mut *config };

@@ -4,6 +4,8 @@
 //! key they make, the per-CPU counts per link, who closed each TIME_WAIT
 //! socket first, and the watched listeners.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::{
     Global,
     macros::map,
@@ -60,8 +62,11 @@ pub fn at<T: Bits + Default, const N: usize>(copy: &[u8; N], offset: &Global<u32
 }
 
 /// A socket's ends, as its `sock_common` holds them (a timewait socket's
-/// too: it starts with the same struct).
-#[derive(Clone, Copy, Default)]
+/// too: it starts with the same struct). Aligned so that the addresses are
+/// too: BPF has no unaligned stores, and LLVM turns an unaligned 16-byte
+/// fill or copy into a call to a byte-at-a-time memset or memcpy.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
 pub struct Ends {
     pub family: u16,
     pub state: u8,
@@ -74,29 +79,37 @@ pub struct Ends {
     pub raddr: [u8; 16],
 }
 
-/// Fills `e` with the ends of the socket at `sk`, from one copy of its
-/// first bytes; false if it cannot be read. Not inlined: the copy then
-/// takes stack only while it is read.
+/// The ends of the socket at `sk`, from one copy of its first bytes; None
+/// if it cannot be read. Not inlined: the copy then takes stack only while
+/// it is read.
 #[inline(never)]
-pub fn read_ends(sk: u64, e: &mut Ends) -> bool {
-    let mut w = [0u8; SOCK_WINDOW];
-    if !memory::kernel_into(sk, &mut w) {
-        return false;
-    }
-    e.family = at(&w, &SKC_FAMILY);
-    if e.family == AF_INET6 {
-        e.laddr = at(&w, &SKC_V6_RCV_SADDR);
-        e.raddr = at(&w, &SKC_V6_DADDR);
+pub fn read_ends(sk: u64) -> Option<Ends> {
+    let mut copy = MaybeUninit::<[u8; SOCK_WINDOW]>::uninit();
+    let w = memory::kernel_in_place(sk, &mut copy)?;
+    let family = at(w, &SKC_FAMILY);
+    let (laddr, raddr) = if family == AF_INET6 {
+        (at(w, &SKC_V6_RCV_SADDR), at(w, &SKC_V6_DADDR))
     } else {
-        let l: [u8; 4] = at(&w, &SKC_RCV_SADDR);
-        let r: [u8; 4] = at(&w, &SKC_DADDR);
-        e.laddr[..4].copy_from_slice(&l);
-        e.raddr[..4].copy_from_slice(&r);
-    }
-    e.state = at(&w, &SKC_STATE);
-    e.lport = at(&w, &SKC_NUM);
-    e.rport_be = at(&w, &SKC_DPORT);
-    true
+        (v4(at(w, &SKC_RCV_SADDR)), v4(at(w, &SKC_DADDR)))
+    };
+    Some(Ends {
+        family,
+        state: at(w, &SKC_STATE),
+        lport: at(w, &SKC_NUM),
+        rport_be: at(w, &SKC_DPORT),
+        laddr,
+        raddr,
+    })
+}
+
+/// An IPv4 address in the first 4 bytes of 16, as whole words: a byte
+/// array filled piecewise costs a call to a byte-at-a-time memset.
+#[inline(always)]
+fn v4(a: [u8; 4]) -> [u8; 16] {
+    let words = [u32::from_ne_bytes(a), 0, 0, 0];
+    // SAFETY: [u32; 4] and [u8; 16] have the same size, and any bytes are
+    // valid u8s.
+    unsafe { core::mem::transmute::<[u32; 4], [u8; 16]>(words) }
 }
 
 /// The member at `offset` of the struct at `base` (past the copied window).

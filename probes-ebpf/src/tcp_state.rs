@@ -59,6 +59,14 @@ fn by_owner(old: u8, new: u8) -> bool {
     )
 }
 
+/// Who closed first, when the owner's close sends the first FIN: the
+/// socket's TIME_WAIT will be on this side, and belongs to the process that
+/// closed (a forking server's child), whoever opened it.
+#[inline(always)]
+fn closer(in_owner: bool, tgid: u32, owner: u32) -> u32 {
+    if in_owner { tgid } else { owner }
+}
+
 /// A close without the FIN handshake: reset, refused, aborted.
 #[inline(always)]
 fn is_abort(old: u8) -> bool {
@@ -100,8 +108,13 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
 /// TCP socket, asked only of a socket about to be tracked.
 #[inline(always)]
 fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let by_owner = by_owner(old, new);
+    // The current task means something only for changes its syscalls make.
+    let tgid = if by_owner {
+        (bpf_get_current_pid_tgid() >> 32) as u32
+    } else {
+        0
+    };
     let in_owner = by_owner && is_watched(tgid);
 
     // Whose socket is it? One we track; else, for changes made by a watched
@@ -117,12 +130,21 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         (old, new),
         (TCP_CLOSE, TCP_SYN_SENT) | (TCP_SYN_RECV, TCP_ESTABLISHED) | (_, TCP_CLOSE)
     );
-    // The socket's ends, read once, and only when needed: most changes of a
-    // tracked socket count nothing.
-    let mut ends = Ends::default();
-    if (tracked.is_none() || counted || listen) && !tcp_links::read_ends(sk, &mut ends) {
+    if let Some(p) = tracked
+        && !counted
+        && !listen
+    {
+        // Most changes of a tracked socket count nothing: no ends to read,
+        // no link to touch.
+        if by_owner && new == TCP_FIN_WAIT1 {
+            // SAFETY: see the copy below; one u32 store into the value.
+            unsafe { (*p).closer = closer(in_owner, tgid, (*p).owner) };
+        }
         return;
     }
+    let Some(mut ends) = tcp_links::read_ends(sk) else {
+        return;
+    };
     let mut entry = match tracked {
         // SAFETY: copied out at once. LRU maps are preallocated, so the
         // pointer stays inside the map's memory even if the entry is
@@ -169,14 +191,9 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         return;
     }
     if by_owner && new == TCP_FIN_WAIT1 {
-        // The owner closed first: the socket's TIME_WAIT will be on this
-        // side, and belongs to the process that closed (a forking server's
-        // child), whoever opened it.
-        entry.closer = if in_owner { tgid } else { entry.owner };
-        if let Some(p) = tracked {
-            // SAFETY: as for the read above; one u32 store into the value.
-            unsafe { (*p).closer = entry.closer };
-        }
+        // Only an untracked socket gets here (a tracked one took the
+        // shortcut above).
+        entry.closer = closer(in_owner, tgid, entry.owner);
     }
     // One key on the stack, its owner changed in place.
     let mut key = ends.link(entry.owner, entry.side);
