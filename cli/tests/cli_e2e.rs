@@ -210,7 +210,7 @@ fn after_sigkill_the_kernel_frees_every_probe_and_a_closed_stdout_ends_cleanly()
     // This host has neither fentry nor kprobes: the fork tracepoints serve.
     assert_eq!(
         loaded_stackprobe_programs().len(),
-        PROGRAM_NAMES.len() + fork_program_names(ForkRung::Tracepoint).len()
+        PROGRAM_NAMES.len() + fork_program_names(ForkRung::Tracepoint).len() + state_extra_loaded()
     );
     sp.signal(libc::SIGKILL);
     let (status, _, _) = sp.finish();

@@ -2,6 +2,10 @@
 //! holds only what every probe shares.
 #![no_std]
 #![no_main]
+// The BPF target's core lacks atomic read-modify-write; its intrinsic
+// compiles to the BPF atomic add (tcp_links.rs).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 // The probes, one module each; they use only the modules below them, never
 // each other.

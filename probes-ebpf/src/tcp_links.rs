@@ -217,19 +217,46 @@ pub fn forget_listener(port: u16) {
 /// insert when it is new (a failure counted, never silent). Not inlined:
 /// each call site's key and counts would take stack of their own.
 #[inline(never)]
-pub fn add(key: &LinkKey, f: impl FnOnce(&mut LinkCounts)) {
+pub fn add(key: &LinkKey, delta: LinkCounts) {
+    if let Some(counts) = LINKS.get_ptr_mut(key) {
+        add_to(counts, &delta);
+        return;
+    }
+    // A new key; the nested copy of the state probe may insert it at the
+    // same moment, so an existing key is added to, not replaced.
+    if LINKS
+        .insert(key, delta, u64::from(aya_ebpf::bindings::BPF_NOEXIST))
+        .is_ok()
+    {
+        return;
+    }
     match LINKS.get_ptr_mut(key) {
-        // SAFETY: this CPU's copy of the value, which the map keeps while
-        // the key lives; programs do not nest on a CPU for this map's
-        // writers (the state probe), so nothing else writes it meanwhile.
-        // Userspace deletes a key only when it has been quiet for a while
-        // and its owner is gone.
-        Some(counts) => f(unsafe { &mut *counts }),
-        None => {
-            let mut counts = LinkCounts::default();
-            f(&mut counts);
-            if LINKS.insert(key, counts, 0).is_err() {
-                events::count(Stat::LinkMapFull);
+        Some(counts) => add_to(counts, &delta),
+        None => events::count(Stat::LinkMapFull),
+    }
+}
+
+/// Adds `delta` to this CPU's counts at `counts` with atomic adds: the
+/// state probe's nested copy (see tcp_state.rs) may run for another change
+/// on this CPU while the first copy is between its read and its write.
+#[inline(always)]
+fn add_to(counts: *mut LinkCounts, delta: &LinkCounts) {
+    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
+    // SAFETY: this CPU's copy of the value, which the map keeps while the
+    // key lives (userspace deletes a key only when it has been quiet for a
+    // while and its owner is gone), and is 8-byte aligned like every map
+    // value; every writer adds atomically.
+    unsafe {
+        for (field, n) in [
+            (&raw mut (*counts).opens, delta.opens),
+            (&raw mut (*counts).closes, delta.closes),
+            (&raw mut (*counts).aborts, delta.aborts),
+            (&raw mut (*counts).new_time_wait, delta.new_time_wait),
+        ] {
+            if n != 0 {
+                // BPF has an atomic add (core's AtomicU64 offers no
+                // fetch_add on this target).
+                atomic_xadd::<u64, u64, { Relaxed }>(field, n);
             }
         }
     }

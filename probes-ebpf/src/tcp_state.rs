@@ -11,16 +11,16 @@ use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{btf_tracepoint, map, tracepoint},
-    maps::LruHashMap,
+    maps::{LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, TracePointContext},
 };
 use aya_log_ebpf::debug;
 use probes_common::{
     event::EventKind,
     sock::{
-        Closer, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT, TCP_CLOSING,
-        TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_LAST_ACK, TCP_LISTEN, TCP_SYN_RECV,
-        TCP_SYN_SENT, TRACKED_MAX_ENTRIES, TcpStateEvent, TrackedSocket,
+        Closer, LinkCounts, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT,
+        TCP_CLOSING, TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_LAST_ACK, TCP_LISTEN,
+        TCP_SYN_RECV, TCP_SYN_SENT, TRACKED_MAX_ENTRIES, TcpStateEvent, TrackedSocket,
     },
     stats::Stat,
 };
@@ -76,8 +76,42 @@ fn is_abort(old: u8) -> bool {
     )
 }
 
+/// 1 while `tcp_state_btf` runs on this CPU.
+#[map]
+static STATE_BTF_RUNNING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
 #[btf_tracepoint(function = "inet_sock_set_state")]
 pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
+    let running = STATE_BTF_RUNNING.get_ptr_mut(0);
+    if let Some(r) = running {
+        // SAFETY: this CPU's value of a one-entry array; only this program
+        // writes it, and it does not nest on a CPU.
+        unsafe { *r = 1 };
+    }
+    btf_change(&ctx);
+    if let Some(r) = running {
+        // SAFETY: as above.
+        unsafe { *r = 0 };
+    }
+    0
+}
+
+/// Attached after `tcp_state_btf`, it handles only the changes that
+/// interrupted it on this CPU (a softirq's while it ran for a change in
+/// process context): the kernel skips `tcp_state_btf` for those, as a
+/// program never nests on a CPU, but runs this one.
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
+    if !STATE_BTF_RUNNING.get(0).is_some_and(|&r| r != 0) {
+        return 0;
+    }
+    events::count(Stat::TcpStateNested);
+    btf_change(&ctx);
+    0
+}
+
+#[inline(always)]
+fn btf_change(ctx: &BtfTracePointContext) {
     // (const struct sock *sk, int oldstate, int newstate); TCP states fit a
     // byte.
     let sk: u64 = ctx.arg(0);
@@ -86,7 +120,6 @@ pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
     on_change(sk, old, new, || {
         tcp_links::read::<u16>(sk, &SK_PROTOCOL) == Some(IPPROTO_TCP)
     });
-    0
 }
 
 #[tracepoint]
@@ -200,15 +233,25 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
     if new == TCP_CLOSE {
         let aborted = u64::from(is_abort(old));
         let own_time_wait = u64::from(time_wait && entry.closer == entry.owner);
-        tcp_links::add(&key, |c| {
-            c.closes += 1;
-            c.aborts += aborted;
-            c.new_time_wait += own_time_wait;
-        });
+        tcp_links::add(
+            &key,
+            LinkCounts {
+                closes: 1,
+                aborts: aborted,
+                new_time_wait: own_time_wait,
+                ..LinkCounts::default()
+            },
+        );
         if time_wait && entry.closer != 0 {
             if own_time_wait == 0 {
                 key.owner = entry.closer;
-                tcp_links::add(&key, |c| c.new_time_wait += 1);
+                tcp_links::add(
+                    &key,
+                    LinkCounts {
+                        new_time_wait: 1,
+                        ..LinkCounts::default()
+                    },
+                );
             }
             tcp_links::note_closer(
                 &ends.tuple(),
@@ -229,7 +272,13 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         return;
     }
     if counted {
-        tcp_links::add(&key, |c| c.opens += 1);
+        tcp_links::add(
+            &key,
+            LinkCounts {
+                opens: 1,
+                ..LinkCounts::default()
+            },
+        );
         if arriving {
             handshakes::note(sk, now());
         }

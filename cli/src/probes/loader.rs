@@ -237,13 +237,18 @@ impl Probes {
         self.hists.drain(&mut self.ebpf, f)
     }
 
-    pub fn drops(&self) -> Result<Drops> {
+    /// A kernel counter, summed over the CPUs.
+    fn stat(&self, stat: Stat) -> Result<u64> {
         let map = self
             .ebpf
             .map(STATS_MAP)
             .context("the probes lack the STATS map")?;
         let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(map)?;
-        let read = |stat: Stat| -> Result<u64> { Ok(stats.get(&(stat as u32), 0)?.iter().sum()) };
+        Ok(stats.get(&(stat as u32), 0)?.iter().sum())
+    }
+
+    pub fn drops(&self) -> Result<Drops> {
+        let read = |stat: Stat| self.stat(stat);
         Ok(Drops {
             lost: RingLost {
                 spawn: read(Stat::LostSpawn)?,
@@ -276,10 +281,16 @@ impl Probes {
             let misses = recursion_misses(&info);
             if misses > 0
                 && let Some(kind) = probe_kind_of(name)
+                && name != probes_common::sock::STATE_BTF_NESTED_PROGRAM
             {
                 *skipped.of_kind(kind) += misses;
             }
         }
+        // The state probe's nested copy handled the changes its first copy
+        // was skipped for (its own misses are changes the first handled).
+        let nested = self.stat(Stat::TcpStateNested)?;
+        let state = skipped.of_kind(ProbeKind::TcpState);
+        *state = state.saturating_sub(nested);
         Ok(skipped)
     }
 
@@ -348,7 +359,9 @@ fn probe_kind_of(name: &str) -> Option<ProbeKind> {
             watch::FORK_PROGRAM => Some(ProbeKind::Spawn),
             watch::EXEC_PROGRAM => Some(ProbeKind::Exec),
             watch::EXIT_PROGRAM => Some(ProbeKind::Exit),
-            sock::STATE_PROGRAM | sock::STATE_BTF_PROGRAM => Some(ProbeKind::TcpState),
+            sock::STATE_PROGRAM | sock::STATE_BTF_PROGRAM | sock::STATE_BTF_NESTED_PROGRAM => {
+                Some(ProbeKind::TcpState)
+            }
             _ => None,
         }
     }

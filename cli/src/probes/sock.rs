@@ -15,8 +15,8 @@ use probes_common::sock::{
     AF_INET, AF_INET6, CLOSE_MEMBERS, ITER_AGGREGATE, ITER_CONFIG_MAP, ITER_EVERY_SOCKET,
     ITER_MEMBERS, ITER_PROGRAM, IterConfig, LINKS_MAP, LISTEN_OWNERS_MAP, LinkCounts, LinkKey,
     ListenOwner, PROTOCOL_MEMBER, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, SOCK_COMMON_MEMBERS,
-    SOCK_COMMON_SIZES, SOCK_WINDOW, STATE_BTF_EVENT, STATE_BTF_PROGRAM, STATE_FIELD_SIZES,
-    STATE_FIELDS, STATE_PROGRAM, TW_COUNTS_MAP, TwCount,
+    SOCK_COMMON_SIZES, SOCK_WINDOW, STATE_BTF_EVENT, STATE_BTF_NESTED_PROGRAM, STATE_BTF_PROGRAM,
+    STATE_FIELD_SIZES, STATE_FIELDS, STATE_PROGRAM, TW_COUNTS_MAP, TwCount,
 };
 
 use super::{
@@ -82,8 +82,10 @@ pub fn attach(
     match btf_tracepoint {
         Ok(()) => Ok(StateRung::BtfTracepoint),
         Err(_) => {
-            if let Ok(p) = program::<BtfTracePoint>(ebpf, STATE_BTF_PROGRAM) {
-                let _ = p.unload();
+            for name in [STATE_BTF_PROGRAM, STATE_BTF_NESTED_PROGRAM] {
+                if let Ok(p) = program::<BtfTracePoint>(ebpf, name) {
+                    let _ = p.unload();
+                }
             }
             attach_tracepoints(
                 ebpf,
@@ -97,10 +99,15 @@ pub fn attach(
     }
 }
 
+/// The probe, then its nested copy, which must run after it on each change.
 fn attach_btf_tracepoint(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
-    let p: &mut BtfTracePoint = program(ebpf, STATE_BTF_PROGRAM)?;
-    p.load(STATE_BTF_EVENT, btf).context("loading tp_btf")?;
-    p.attach().context("attaching tp_btf")?;
+    for name in [STATE_BTF_PROGRAM, STATE_BTF_NESTED_PROGRAM] {
+        let p: &mut BtfTracePoint = program(ebpf, name)?;
+        p.load(STATE_BTF_EVENT, btf)
+            .with_context(|| format!("loading tp_btf {name}"))?;
+        p.attach()
+            .with_context(|| format!("attaching tp_btf {name}"))?;
+    }
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 use stackprobe::{
     collector::Collector,
     model::{process::LiveProcess, selector::Selector},
-    probes::{Options, rungs::ForkRung, rungs::QueueRung},
+    probes::{Options, rungs::ForkRung, rungs::QueueRung, rungs::StateRung},
     procfs,
 };
 
@@ -323,8 +323,8 @@ pub fn rung_costs(s: &Session, prefixes: &[&str]) -> String {
 
 /// Names of stackprobe's kernel programs but the fork rungs' (as the kernel
 /// truncates them, to 15 bytes).
-/// (One state program is loaded: `tcp_state`, or `tcp_state_btf` where the
-/// BTF tracepoint serves.)
+/// (One state program is loaded: `tcp_state`, or `tcp_state_btf` and its
+/// nested copy where the BTF tracepoint serves.)
 pub const PROGRAM_NAMES: [&str; 7] = [
     "tcp_state",
     "tcp_sockets",
@@ -355,6 +355,28 @@ pub fn fork_program_names(hook: ForkRung) -> &'static [&'static str] {
     }
 }
 
+/// Programs the state rung loads beyond the one in [`PROGRAM_NAMES`]: the
+/// tp_btf rung's nested copy.
+pub fn state_extra_programs(rung: StateRung) -> usize {
+    match rung {
+        StateRung::BtfTracepoint => 1,
+        StateRung::Tracepoint => 0,
+    }
+}
+
+/// [`state_extra_programs`] of whichever state rung a running stackprobe
+/// loaded, from the names of the loaded programs.
+pub fn state_extra_loaded() -> usize {
+    let btf = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .any(|p| p.name_as_str() == Some("tcp_state_btf"));
+    state_extra_programs(if btf {
+        StateRung::BtfTracepoint
+    } else {
+        StateRung::Tracepoint
+    })
+}
+
 /// The do-nothing programs `doctor` loads to try a hook.
 pub const HOOK_PROGRAM_NAMES: [&str; 3] = ["hook_tp_btf", "hook_fentry", "hook_kprobe"];
 
@@ -366,6 +388,8 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
             p.name_as_str().is_some_and(|n| {
                 PROGRAM_NAMES.contains(&n)
                     || n == "tcp_state_btf"
+                    // tcp_state_btf_nested, truncated.
+                    || n == "tcp_state_btf_n"
                     || HOOK_PROGRAM_NAMES.contains(&n)
                     || ForkRung::LADDER
                         .iter()

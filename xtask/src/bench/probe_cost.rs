@@ -278,8 +278,17 @@ fn stackprobe(w: &Workload, n: u64) -> Result<Cost> {
                     })
                 })
                 .ok_or_else(|| anyhow!("no cost for {name}"))?;
-            Ok(c["run_time_ns"].as_f64().unwrap_or(0.0)
-                / c["runs"].as_f64().unwrap_or(1.0).max(1.0))
+            let per_run = |c: &serde_json::Value| {
+                c["run_time_ns"].as_f64().unwrap_or(0.0)
+                    / c["runs"].as_f64().unwrap_or(1.0).max(1.0)
+            };
+            // The tp_btf rung runs a nested copy on every change too
+            // (see probes_common::sock::STATE_BTF_NESTED_PROGRAM).
+            let nested = summary["probe_cost"].as_array().and_then(|v| {
+                v.iter()
+                    .find(|n| n["program"] == format!("{name}_btf_nested").as_str())
+            });
+            Ok(per_run(c) + nested.map_or(0.0, per_run))
         })
         .collect::<Result<Vec<f64>>>()?;
     Ok(Cost {
