@@ -39,7 +39,7 @@ pub fn attach(
     ebpf: &mut Ebpf,
     tracefs: &Tracefs,
     btf: &Btf,
-    kernel_btf: &KernelBtf,
+    fexit_program: &Result<&'static str>,
     wanted: Option<QueueRung>,
 ) -> Result<QueueRung> {
     attach_tracepoints(ebpf, tracefs, ENTER_PROGRAM, "syscalls", &ENTER_TRACEPOINTS)?;
@@ -51,7 +51,7 @@ pub fn attach(
     let mut failures = Vec::new();
     for rung in rungs {
         let attached = match rung {
-            QueueRung::Fexit => attach_fexit(ebpf, btf, kernel_btf),
+            QueueRung::Fexit => attach_fexit(ebpf, btf, fexit_program),
             QueueRung::Kretprobe => attach_kretprobe(ebpf),
             QueueRung::FdWalk => return Ok(rung),
         };
@@ -71,7 +71,7 @@ pub fn attach(
 }
 
 /// The fexit program for this kernel's signature of inet_csk_accept.
-fn fexit_program(kernel_btf: &KernelBtf) -> Result<&'static str> {
+pub fn fexit_program(kernel_btf: &KernelBtf) -> Result<&'static str> {
     let args = kernel_btf.func_param_count(INET_CSK_ACCEPT)?;
     FEXIT_PROGRAMS
         .iter()
@@ -80,8 +80,9 @@ fn fexit_program(kernel_btf: &KernelBtf) -> Result<&'static str> {
         .ok_or_else(|| anyhow!("{INET_CSK_ACCEPT} takes {args} arguments here, a signature stackprobe does not know"))
 }
 
-fn attach_fexit(ebpf: &mut Ebpf, btf: &Btf, kernel_btf: &KernelBtf) -> Result<()> {
-    let p: &mut FExit = program(ebpf, fexit_program(kernel_btf)?)?;
+fn attach_fexit(ebpf: &mut Ebpf, btf: &Btf, fexit_program: &Result<&'static str>) -> Result<()> {
+    let name = fexit_program.as_ref().map_err(|e| anyhow!("{e:#}"))?;
+    let p: &mut FExit = program(ebpf, name)?;
     p.load(INET_CSK_ACCEPT, btf).context("loading fexit")?;
     p.attach().context("attaching fexit")?;
     Ok(())

@@ -1,9 +1,10 @@
 //! Struct member offsets from the kernel's BTF (/sys/kernel/btf/vmlinux).
 //! rustc emits no CO-RE relocations, so probes that read kernel structs get
 //! their offsets from here, computed at load time and passed in as globals.
-//! Only what that needs is parsed: type kinds, names and struct members.
-
-use std::collections::HashMap;
+//! Only what that needs is read: type kinds, names and struct members. The
+//! blob is kept as it is with an index of where each type starts, and names
+//! are compared in place: building a name per type (over 100 000 of them)
+//! cost more memory and time than the rest of the load.
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use probes_common::offsets::MemberOffset;
@@ -13,33 +14,30 @@ const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
+/// name_off, info, size_or_type.
+const TYPE_HEADER: usize = 12;
+/// name_off, type, offset.
+const MEMBER_LEN: usize = 12;
 
-#[derive(Clone, Debug)]
-struct Member {
-    name: String,
+#[derive(Clone, Copy, Debug)]
+struct Member<'a> {
+    name: &'a [u8],
     type_id: u32,
     bit_offset: u32,
     /// Where in the BTF blob the member's offset is stored.
     offset_at: usize,
 }
 
-#[derive(Clone, Debug)]
-struct Type {
-    kind: u32,
-    name: String,
-    /// The referenced type for typedefs, pointers and qualifiers (the size
-    /// for structs).
-    size_or_type: u32,
-    /// Struct and union members; empty for other kinds.
-    members: Vec<Member>,
-    /// Members, enumerators or (for function prototypes) parameters.
-    vlen: u32,
-}
-
 pub struct KernelBtf {
-    /// Indexed by type id (id 0 is void).
-    types: Vec<Type>,
-    structs: HashMap<String, u32>,
+    data: Vec<u8>,
+    /// Where the type and string sections start in `data`.
+    types_at: usize,
+    strings: std::ops::Range<usize>,
+    /// Where each type's record starts in the type section, indexed by type
+    /// id (id 0 is void and has none).
+    type_at: Vec<u32>,
+    /// Named structs' ids, sorted by name.
+    structs: Vec<u32>,
 }
 
 fn u32_at(data: &[u8], at: usize) -> Result<u32> {
@@ -49,23 +47,18 @@ fn u32_at(data: &[u8], at: usize) -> Result<u32> {
     Ok(u32::from_le_bytes(bytes.try_into().expect("four bytes")))
 }
 
-fn string_at(strings: &[u8], offset: u32) -> Result<String> {
-    let start = offset as usize;
-    let rest = strings
-        .get(start..)
-        .ok_or_else(|| anyhow!("BTF string offset {offset} out of range"))?;
-    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-    Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
-}
-
 impl KernelBtf {
     pub fn from_file(path: &std::path::Path) -> Result<Self> {
         let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        Self::parse(&data).with_context(|| format!("parsing {}", path.display()))
+        Self::from_bytes(data).with_context(|| format!("parsing {}", path.display()))
     }
 
     /// Parses little-endian BTF (the kernel's, on the machines we run on).
     pub fn parse(data: &[u8]) -> Result<Self> {
+        Self::from_bytes(data.to_vec())
+    }
+
+    fn from_bytes(data: Vec<u8>) -> Result<Self> {
         let magic = u16::from_le_bytes(
             data.get(..2)
                 .ok_or_else(|| anyhow!("empty BTF"))?
@@ -74,53 +67,42 @@ impl KernelBtf {
         if magic != MAGIC {
             bail!("not little-endian BTF (magic {magic:#x})");
         }
-        let hdr_len = u32_at(data, 4)? as usize;
-        let (type_off, type_len) = (u32_at(data, 8)? as usize, u32_at(data, 12)? as usize);
-        let (str_off, str_len) = (u32_at(data, 16)? as usize, u32_at(data, 20)? as usize);
-        let types_data = data
-            .get(hdr_len + type_off..hdr_len + type_off + type_len)
-            .ok_or_else(|| anyhow!("BTF type section out of range"))?;
-        let strings = data
-            .get(hdr_len + str_off..hdr_len + str_off + str_len)
-            .ok_or_else(|| anyhow!("BTF string section out of range"))?;
+        let hdr_len = u32_at(&data, 4)? as usize;
+        let (type_off, type_len) = (u32_at(&data, 8)? as usize, u32_at(&data, 12)? as usize);
+        let (str_off, str_len) = (u32_at(&data, 16)? as usize, u32_at(&data, 20)? as usize);
+        let types_at = hdr_len + type_off;
+        let strings = hdr_len + str_off..hdr_len + str_off + str_len;
+        if data.get(types_at..types_at + type_len).is_none() {
+            bail!("BTF type section out of range");
+        }
+        if data.get(strings.clone()).is_none() {
+            bail!("BTF string section out of range");
+        }
+        let types_data = &data[types_at..types_at + type_len];
+        let name_in_range = |at: usize| -> Result<()> {
+            let offset = u32_at(types_data, at)?;
+            if offset as usize > str_len {
+                bail!("BTF string offset {offset} out of range");
+            }
+            Ok(())
+        };
 
-        let mut types = vec![Type {
-            kind: 0,
-            name: String::new(),
-            size_or_type: 0,
-            members: Vec::new(),
-            vlen: 0,
-        }];
+        let mut type_at = vec![0];
+        let mut structs = Vec::new();
         let mut at = 0;
         while at < types_data.len() {
-            let name_off = u32_at(types_data, at)?;
+            name_in_range(at)?;
             let info = u32_at(types_data, at + 4)?;
             let kind = (info >> 24) & 0x1f;
             let vlen = (info & 0xffff) as usize;
-            let kind_flag = info >> 31 == 1;
-            let size_or_type = u32_at(types_data, at + 8)?;
-            at += 12;
-            let mut members = Vec::new();
             let extra = match kind {
                 1 => 4,  // INT
                 3 => 12, // ARRAY
                 KIND_STRUCT | KIND_UNION => {
                     for i in 0..vlen {
-                        let m = at + i * 12;
-                        let offset = u32_at(types_data, m + 8)?;
-                        members.push(Member {
-                            name: string_at(strings, u32_at(types_data, m)?)?,
-                            type_id: u32_at(types_data, m + 4)?,
-                            offset_at: hdr_len + type_off + m + 8,
-                            // With kind_flag the top 8 bits hold a bitfield size.
-                            bit_offset: if kind_flag {
-                                offset & 0x00ff_ffff
-                            } else {
-                                offset
-                            },
-                        });
+                        name_in_range(at + TYPE_HEADER + i * MEMBER_LEN)?;
                     }
-                    vlen * 12
+                    vlen * MEMBER_LEN
                 }
                 6 => vlen * 8, // ENUM
                 KIND_FUNC_PROTO => vlen * 8,
@@ -131,57 +113,129 @@ impl KernelBtf {
                 2 | 7..=11 | KIND_FUNC | 16 | 18 => 0, // PTR FWD TYPEDEF VOLATILE CONST RESTRICT FUNC FLOAT TYPE_TAG
                 other => bail!("unknown BTF kind {other}"),
             };
-            at += extra;
-            types.push(Type {
-                kind,
-                name: string_at(strings, name_off)?,
-                size_or_type,
-                members,
-                vlen: vlen as u32,
-            });
+            if at + TYPE_HEADER + extra > types_data.len() {
+                bail!("BTF truncated at byte {}", types_at + at);
+            }
+            if kind == KIND_STRUCT && u32_at(types_data, at)? != 0 {
+                structs.push(type_at.len() as u32);
+            }
+            type_at.push(at as u32);
+            at += TYPE_HEADER + extra;
         }
-        let structs = types
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.kind == KIND_STRUCT && !t.name.is_empty())
-            .map(|(id, t)| (t.name.clone(), id as u32))
-            .collect();
-        Ok(Self { types, structs })
+        let mut btf = Self {
+            data,
+            types_at,
+            strings,
+            type_at,
+            structs: Vec::new(),
+        };
+        // Stable, so that of two structs of one name the later wins, as it
+        // always has.
+        structs.sort_by(|&a, &b| btf.name(a).cmp(btf.name(b)));
+        btf.structs = structs;
+        Ok(btf)
+    }
+
+    /// The word `index` of type `id`'s record (0: name, 1: info, 2: size or
+    /// type; members and parameters follow).
+    fn word(&self, id: u32, index: usize) -> u32 {
+        let at = self.types_at + self.type_at[id as usize] as usize + index * 4;
+        u32::from_le_bytes(self.data[at..at + 4].try_into().expect("four bytes"))
+    }
+
+    fn string(&self, offset: u32) -> &[u8] {
+        let rest = &self.data[self.strings.start + offset as usize..self.strings.end];
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        &rest[..end]
+    }
+
+    fn exists(&self, id: u32) -> bool {
+        id != 0 && (id as usize) < self.type_at.len()
+    }
+
+    fn kind(&self, id: u32) -> u32 {
+        if self.exists(id) {
+            (self.word(id, 1) >> 24) & 0x1f
+        } else {
+            0
+        }
+    }
+
+    fn vlen(&self, id: u32) -> u32 {
+        self.word(id, 1) & 0xffff
+    }
+
+    fn name(&self, id: u32) -> &[u8] {
+        self.string(self.word(id, 0))
+    }
+
+    /// The referenced type for typedefs, pointers and qualifiers (the size
+    /// for structs).
+    fn size_or_type(&self, id: u32) -> u32 {
+        self.word(id, 2)
+    }
+
+    /// Struct and union members; none for other kinds.
+    fn members(&self, id: u32) -> impl Iterator<Item = Member<'_>> {
+        let kind = self.kind(id);
+        let count = if matches!(kind, KIND_STRUCT | KIND_UNION) {
+            self.vlen(id) as usize
+        } else {
+            0
+        };
+        // With kind_flag the top 8 bits of an offset hold a bitfield size.
+        let bitfields = count > 0 && self.word(id, 1) >> 31 == 1;
+        (0..count).map(move |i| {
+            let word = 3 + i * 3;
+            let offset = self.word(id, word + 2);
+            Member {
+                name: self.string(self.word(id, word)),
+                type_id: self.word(id, word + 1),
+                bit_offset: if bitfields {
+                    offset & 0x00ff_ffff
+                } else {
+                    offset
+                },
+                offset_at: self.types_at + self.type_at[id as usize] as usize + (word + 2) * 4,
+            }
+        })
+    }
+
+    fn struct_id(&self, name: &str) -> Option<u32> {
+        let after = self
+            .structs
+            .partition_point(|&id| self.name(id) <= name.as_bytes());
+        let id = *self.structs.get(after.checked_sub(1)?)?;
+        (self.name(id) == name.as_bytes()).then_some(id)
     }
 
     /// How many parameters the kernel function `name` takes (signatures
     /// change between kernels: `inet_csk_accept` lost two in 6.10).
     pub fn func_param_count(&self, name: &str) -> Result<u32> {
-        let func = self
-            .types
-            .iter()
-            .find(|t| t.kind == KIND_FUNC && t.name == name)
+        let func = (1..self.type_at.len() as u32)
+            .find(|&id| self.kind(id) == KIND_FUNC && self.name(id) == name.as_bytes())
             .ok_or_else(|| anyhow!("the kernel's BTF has no function {name}"))?;
-        let proto = self
-            .types
-            .get(func.size_or_type as usize)
-            .filter(|t| t.kind == KIND_FUNC_PROTO)
-            .ok_or_else(|| anyhow!("function {name} has no prototype in the kernel's BTF"))?;
-        Ok(proto.vlen)
+        let proto = self.size_or_type(func);
+        if self.kind(proto) != KIND_FUNC_PROTO {
+            bail!("function {name} has no prototype in the kernel's BTF");
+        }
+        Ok(self.vlen(proto))
     }
 
     /// Where in the BTF blob the offset of `struct name`'s direct member
     /// `member` is stored (tests patch it to prove a wrong offset is caught).
     pub fn member_offset_position(&self, name: &str, member: &str) -> Option<usize> {
-        let id = *self.structs.get(name)?;
-        self.types[id as usize]
-            .members
-            .iter()
-            .find(|m| m.name == member)
+        let id = self.struct_id(name)?;
+        self.members(id)
+            .find(|m| m.name == member.as_bytes())
             .map(|m| m.offset_at)
     }
 
     /// Byte offset of `member` in `struct name`, looking through anonymous
     /// unions and structs (`sock.__sk_common` holds `skc_*` inside some).
     pub fn member_offset(&self, name: &str, member: &str) -> Result<u32> {
-        let id = *self
-            .structs
-            .get(name)
+        let id = self
+            .struct_id(name)
             .ok_or_else(|| anyhow!("the kernel's BTF has no struct {name}"))?;
         let bits = self
             .find(id, member)
@@ -195,9 +249,8 @@ impl KernelBtf {
     /// `path` like `["sock", "__sk_common", "skc_state"]`: the offset of a
     /// member of a member.
     pub fn path_offset(&self, name: &str, path: &[&str]) -> Result<u32> {
-        let mut id = *self
-            .structs
-            .get(name)
+        let mut id = self
+            .struct_id(name)
             .ok_or_else(|| anyhow!("the kernel's BTF has no struct {name}"))?;
         let mut bits = 0;
         for (i, member) in path.iter().enumerate() {
@@ -229,9 +282,8 @@ impl KernelBtf {
     }
 
     fn find_with_type(&self, id: u32, member: &str) -> Option<(u32, u32)> {
-        let t = self.types.get(id as usize)?;
-        for m in &t.members {
-            if m.name == member {
+        for m in self.members(id) {
+            if m.name == member.as_bytes() {
                 return Some((m.bit_offset, m.type_id));
             }
             if m.name.is_empty() {
@@ -247,11 +299,11 @@ impl KernelBtf {
     /// Follows typedefs and qualifiers to the underlying struct or union.
     fn skip_modifiers(&self, mut id: u32) -> u32 {
         for _ in 0..16 {
-            match self.types.get(id as usize) {
-                // TYPEDEF VOLATILE CONST RESTRICT TYPE_TAG
-                Some(t) if matches!(t.kind, 8..=11 | 18) => id = t.size_or_type,
-                _ => break,
+            // TYPEDEF VOLATILE CONST RESTRICT TYPE_TAG
+            if !matches!(self.kind(id), 8..=11 | 18) {
+                break;
             }
+            id = self.size_or_type(id);
         }
         id
     }

@@ -20,6 +20,7 @@ use probes_common::{
 
 use super::{
     accept,
+    attach::Setup,
     btf::KernelBtf,
     fork,
     hist::KernelHists,
@@ -72,25 +73,27 @@ impl Probes {
     pub fn load(options: Options) -> Result<Self> {
         preflight::check_privileges()?;
         preflight::check_lockdown()?;
-        let btf = preflight::load_btf()?;
+        preflight::require_btf()?;
         let tracefs = Tracefs::open_or_mount()?;
 
         let slots = slot_count(procfs::pid_max());
-        let kernel_btf = KernelBtf::from_file(&preflight::btf_path())?;
-        let setups = [
-            accept::setup(&tracefs, &kernel_btf, slots)?,
-            fork::setup(&tracefs, &kernel_btf, slots)?,
-            watch::setup(&tracefs)?,
-            sock::setup(&kernel_btf, &tracefs)?,
-        ];
+        let kernel = KernelFacts::read(&tracefs, slots)?;
+        // The kernel's BTF is big once aya has parsed it (~14 MB, ~23 MB while
+        // parsing): only one copy at a time, or the load's peak memory is
+        // their sum. aya 0.14's loader parses one of its own as it is made
+        // (it has no constructor that does not), so that one serves the load
+        // and is freed before the one for attaching is parsed.
+        let chosen_btf = preflight::btf_override()?;
         let mut loader = EbpfLoader::new();
-        loader.btf(Some(&btf));
+        if let Some(btf) = &chosen_btf {
+            loader.btf(Some(btf));
+        }
         let slot_mask = slots - 1;
         loader.override_global(SLOT_MASK_GLOBAL, &slot_mask, true);
         let logger = options.log_probes.then(kernel_log::logger);
         let log_level = kernel_log::kernel_level(logger.as_ref());
         loader.override_global(kernel_log::LEVEL_GLOBAL, &log_level, true);
-        for setup in &setups {
+        for setup in &kernel.setups {
             for (name, value) in &setup.globals {
                 loader.override_global(name, value, true);
             }
@@ -98,7 +101,11 @@ impl Probes {
                 loader.map_max_entries(name, size);
             }
         }
-        let mut ebpf = loader.load(OBJECT).context("loading the eBPF object")?;
+        let ebpf = loader.load(OBJECT).context("loading the eBPF object");
+        drop(loader);
+        drop(chosen_btf);
+        let mut ebpf = ebpf?;
+        let btf = preflight::load_btf()?;
         // Before anything attaches, so a failing load still prints what the
         // probes logged on the way (the reader flushes when dropped).
         let kernel_log = logger
@@ -115,10 +122,20 @@ impl Probes {
         // followed before any accept is timed.
         watch::attach(&mut ebpf, &tracefs)?;
         let fork_rung = fork::attach(&mut ebpf, &tracefs, &btf, options.fork_rung)?;
-        let queue_rung =
-            accept::attach(&mut ebpf, &tracefs, &btf, &kernel_btf, options.queue_rung)?;
+        let queue_rung = accept::attach(
+            &mut ebpf,
+            &tracefs,
+            &btf,
+            &kernel.fexit_program,
+            options.queue_rung,
+        )?;
         sock::load(&mut ebpf, &btf)?;
-        let state_rung = sock::attach(&mut ebpf, &tracefs, &btf, &kernel_btf)?;
+        let state_rung = sock::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
+        // Nothing needs the kernel's BTF any more. Freed and handed back now,
+        // before the self-check maps the 4 MiB ring (the kernel maps all its
+        // pages at once, so they count as resident), the two do not add up.
+        drop(btf);
+        release_free_heap();
         self_check::run(&mut ebpf, &watch_set)?;
         // Attached tracepoints need tracefs no more: if stackprobe mounted
         // it, it is unmounted now, while the privilege to do so is at hand.
@@ -327,6 +344,42 @@ impl Probes {
                     .with_context(|| format!("reading info of {name}"))
             })
             .collect()
+    }
+}
+
+/// Hands the heap's free pages back to the kernel. glibc trims its main
+/// heap only from the top, and aya's parse of the kernel's BTF leaves ~20 MB
+/// free below live allocations: resident until reused.
+fn release_free_heap() {
+    // SAFETY: malloc_trim only releases memory that malloc holds free.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// What the load needs from the kernel's BTF through stackprobe's own parser
+/// (struct member offsets and a function's signature), gathered at once so
+/// that parse is freed before aya parses its own.
+struct KernelFacts {
+    setups: [Setup; 4],
+    fexit_program: Result<&'static str>,
+    state_tp_btf: bool,
+}
+
+impl KernelFacts {
+    fn read(tracefs: &Tracefs, slots: u32) -> Result<Self> {
+        let btf = KernelBtf::from_file(&preflight::btf_path())?;
+        Ok(Self {
+            setups: [
+                accept::setup(tracefs, &btf, slots)?,
+                fork::setup(tracefs, &btf, slots)?,
+                watch::setup(tracefs)?,
+                sock::setup(&btf, tracefs)?,
+            ],
+            fexit_program: accept::fexit_program(&btf),
+            state_tp_btf: sock::tp_btf_readable(&btf),
+        })
     }
 }
 

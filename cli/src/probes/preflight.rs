@@ -42,7 +42,7 @@ fn lockdown_problem(mode: &str) -> Option<String> {
 
 pub const LOCKDOWN: &str = "/sys/kernel/security/lockdown";
 
-pub fn load_btf() -> Result<Btf> {
+pub fn require_btf() -> Result<()> {
     let path = btf_path();
     if !path.exists() {
         bail!(
@@ -51,8 +51,22 @@ pub fn load_btf() -> Result<Btf> {
             path.display()
         );
     }
+    Ok(())
+}
+
+pub fn load_btf() -> Result<Btf> {
+    require_btf()?;
+    let path = btf_path();
     Btf::parse_file(&path, aya::Endianness::default())
         .with_context(|| format!("reading the kernel's BTF from {}", path.display()))
+}
+
+/// The BTF `STACKPROBE_BTF` names, parsed; None when it is not set, where
+/// aya's loader reads the kernel's itself.
+pub fn btf_override() -> Result<Option<Btf>> {
+    std::env::var_os("STACKPROBE_BTF")
+        .map(|_| load_btf())
+        .transpose()
 }
 
 fn effective_caps(status: &str) -> Option<u64> {

@@ -67,14 +67,20 @@ pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
     })
 }
 
+/// Whether the tp_btf state program can read what it needs here (it reads
+/// `sk_protocol` directly, which was a bitfield before 5.6).
+pub fn tp_btf_readable(btf: &KernelBtf) -> bool {
+    btf.offsets(PROTOCOL_MEMBER).is_ok()
+}
+
 /// Attaches the state probe to the best hook this kernel offers.
 pub fn attach(
     ebpf: &mut Ebpf,
     tracefs: &Tracefs,
     btf: &Btf,
-    kernel_btf: &KernelBtf,
+    tp_btf_readable: bool,
 ) -> Result<StateRung> {
-    let btf_tracepoint = if kernel_btf.offsets(PROTOCOL_MEMBER).is_ok() {
+    let btf_tracepoint = if tp_btf_readable {
         attach_btf_tracepoint(ebpf, btf)
     } else {
         Err(anyhow!("sock.sk_protocol is a bitfield here"))
