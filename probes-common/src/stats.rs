@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn every_counter_has_its_own_slot_in_the_array() {
-        assert_eq!(STAT_COUNT, 13);
+        assert_eq!(STAT_COUNT, 14);
         assert_eq!(Stat::ALL.first(), Some(&Stat::AcceptSlotShared));
         assert_eq!(Stat::ALL.last(), Some(&Stat::TcpStateNested));
         assert!(Stat::ALL.iter().all(|&s| (s as u32) < STAT_COUNT));
