@@ -131,6 +131,7 @@ impl RoleRow {
             .iter()
             .all(|m| m.latency.count == 0)
             && [
+                self.accept_untimed,
                 self.fork_unknown,
                 self.fork_failed,
                 self.execs,
@@ -783,5 +784,18 @@ mod tests {
         t.reset_interval();
         assert_eq!(build(&t, ReportKind::Interval), ["srv"]);
         assert_eq!(build(&t, ReportKind::Summary), ["initdb-child", "srv"]);
+        // Its last histogram read, after it exited, holds only accepts of
+        // unknown latency: the period has something, so the row is back.
+        t.apply(&E::Hist(crate::model::event::HistDelta {
+            tgid: 2,
+            comm: None,
+            metric: crate::model::event::HistMetric::AcceptUntimed,
+            count: 1,
+            sum_ns: 0,
+            min_ns: 0,
+            max_ns: 0,
+            buckets: vec![(0, 1)],
+        }));
+        assert_eq!(build(&t, ReportKind::Interval), ["initdb-child", "srv"]);
     }
 }
