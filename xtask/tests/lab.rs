@@ -202,7 +202,11 @@ fn bpftrace() -> Traced {
         r#"BEGIN { printf("ready\n"); }
 tracepoint:syscalls:sys_exit_accept, tracepoint:syscalls:sys_exit_accept4
 /comm == "postgres" && args->ret >= 0/ { @accepts = count(); }
-tracepoint:sched:sched_process_fork /comm == "postgres"/ { @forks = count(); }"#,
+tracepoint:sched:sched_process_fork /comm == "postgres"/ { @forks = count(); }
+tracepoint:sock:inet_sock_set_state
+/args->newstate == 11 && (args->sport == 18081 || args->dport == 18081)/ { @closing_18081 = count(); }
+tracepoint:sock:inet_sock_set_state
+/args->newstate == 11 && (args->sport == 15432 || args->dport == 15432)/ { @closing_15432 = count(); }"#,
     ]);
     Traced::start(cmd, "ready")
 }
@@ -320,6 +324,17 @@ fn within_1_percent(what: &str, ours: u64, theirs: u64) {
     assert!(
         ours.abs_diff(theirs) <= slack,
         "{what}: stackprobe {ours}, independent {theirs}"
+    );
+}
+
+/// `ours` within 1 % of the range two independent counts, one taken before
+/// and one after ours, span.
+fn within_1_percent_of_bracket(what: &str, ours: u64, [before, after]: [u64; 2]) {
+    let (lo, hi) = (before.min(after), before.max(after));
+    let slack = hi.div_ceil(100);
+    assert!(
+        (lo.saturating_sub(slack)..=hi + slack).contains(&ours),
+        "{what}: stackprobe {ours}, independent {before} before and {after} after"
     );
 }
 
@@ -454,10 +469,14 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     // A connect() may take over a TIME_WAIT socket's 4-tuple on loopback
     // (tcp_tw_reuse): the kernel ends that TIME_WAIT early, and counts it.
     let recycled = tw_recycled() - recycled_before;
+    // The static round's TIME_WAIT sockets expire about now, thousands a
+    // second: the summary's walk is bracketed by an `ss` count before and
+    // one after (the load has ended, so the count only falls between them).
+    let ss_before = [ss_time_wait(18081), ss_time_wait(15432)];
     let s = summary(&probe.stop());
+    let ss_backend = [ss_before[0], ss_time_wait(18081)];
+    let ss_postgres = [ss_before[1], ss_time_wait(15432)];
     one_row_per_role(&s);
-    let ss_backend = ss_time_wait(18081);
-    let ss_postgres = ss_time_wait(15432);
     let bpf = bpf.stop();
     let (accepts, forks) = postgres_accepts_forks(&s);
     eprintln!(
@@ -535,25 +554,27 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
         "{found:?}"
     );
     // Without upstream keepalive every request leaves a TIME_WAIT between the
-    // nginx frontend and backend, and one between php-fpm and postgres.
-    let (now, new) = time_wait(&s, 18081);
-    eprintln!(
-        "  nginx → backend TIME_WAIT: new {new}, now {now}, ss {ss_backend}; recycled by the kernel {recycled}"
-    );
-    assert!(
-        (lo.saturating_sub(recycled)..=hi).contains(&new),
-        "new TIME_WAIT on :18081 {new}, requests {}, recycled by the kernel {recycled}",
-        run.requests
-    );
-    within_1_percent("TIME_WAIT on :18081 vs ss", now, ss_backend);
-    let (now, new) = time_wait(&s, 15432);
-    eprintln!("  php-fpm → postgres TIME_WAIT: new {new}, now {now}, ss {ss_postgres}");
-    assert!(
-        (lo.saturating_sub(recycled)..=hi).contains(&new),
-        "new TIME_WAIT on :15432 {new}, requests {}, recycled by the kernel {recycled}",
-        run.requests
-    );
-    within_1_percent("TIME_WAIT on :15432 vs ss", now, ss_postgres);
+    // nginx frontend and backend, and one between php-fpm and postgres; a
+    // connection both ends close at once (each socket through CLOSING, as
+    // bpftrace counts) leaves one at each end.
+    for (port, what, ss) in [
+        (18081, "nginx → backend", ss_backend),
+        (15432, "php-fpm → postgres", ss_postgres),
+    ] {
+        let (now, new) = time_wait(&s, port);
+        let closing = bpftrace_count(&bpf, &format!("closing_{port}"));
+        eprintln!(
+            "  {what} TIME_WAIT: new {new}, now {now}, ss {ss:?} (before, after); \
+             recycled by the kernel {recycled}, closed by both ends {closing}"
+        );
+        assert!(
+            (lo.saturating_sub(recycled)..=hi + closing).contains(&new),
+            "new TIME_WAIT on :{port} {new}, requests {}, recycled by the kernel {recycled}, \
+             sockets through CLOSING {closing}",
+            run.requests
+        );
+        within_1_percent_of_bracket(&format!("TIME_WAIT on :{port} vs ss"), now, ss);
+    }
 
     // 2. Persistent connections (one per php-fpm worker, opened by a warm-up
     //    before watching), through the frontend that keeps upstream
