@@ -121,8 +121,13 @@ impl Collector {
     /// events there were.
     pub fn drain(&mut self) -> Result<usize> {
         let n = self.drain_ring();
-        let table = &mut self.table;
-        self.probes.drain_histograms(|e| table.apply(&e))?;
+        let mut gained = Vec::new();
+        let table = &self.table;
+        self.probes
+            .drain_histograms(|pid| table.get(pid).is_some(), |e| gained.push(e))?;
+        for e in &gained {
+            self.table.apply(e);
+        }
         Ok(n)
     }
 

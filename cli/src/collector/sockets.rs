@@ -27,11 +27,12 @@ use crate::{
 };
 
 /// A walk is due once this many times its own cost has passed since the
-/// last one, which keeps walking under 0.2 % of a core however many sockets
-/// there are (a walk of 10k sockets takes ~10 ms here, so one each 5 s). A
-/// TIME_WAIT socket lives 60 s, so the count changes slowly; new TIME_WAIT
-/// is counted exactly from the state changes between walks.
-const WALK_BUDGET: u32 = 500;
+/// last one, which keeps walking under 0.05 % of a core however many
+/// sockets there are (a walk of 10k sockets takes ~10 ms here, so one each
+/// 15 s). A TIME_WAIT socket lives 60 s, so the count changes slowly; new
+/// TIME_WAIT is counted exactly from the state changes between walks, and
+/// the count's age is shown with it.
+const WALK_BUDGET: u32 = 2000;
 /// The oldest a TIME_WAIT count gets, however costly a walk.
 const MAX_WALK_PERIOD: Duration = Duration::from_secs(15);
 
@@ -368,12 +369,12 @@ mod tests {
         assert!(w.due(false, t0), "the first look walks");
         // A cheap walk (few sockets): due again by the next interval.
         w.walked(t0, Duration::from_micros(300));
-        assert!(!w.due(false, t0 + Duration::from_millis(100)));
-        assert!(w.due(false, t0 + Duration::from_millis(150)));
-        // A 10 ms walk: the next one 5 s later, not before.
-        w.walked(t0, Duration::from_millis(10));
-        assert!(!w.due(false, t0 + Duration::from_millis(4900)));
-        assert!(w.due(false, t0 + Duration::from_secs(5)));
+        assert!(!w.due(false, t0 + Duration::from_millis(500)));
+        assert!(w.due(false, t0 + Duration::from_millis(600)));
+        // A 5 ms walk: the next one 10 s later, not before.
+        w.walked(t0, Duration::from_millis(5));
+        assert!(!w.due(false, t0 + Duration::from_millis(9900)));
+        assert!(w.due(false, t0 + Duration::from_secs(10)));
         assert!(w.due(true, t0 + Duration::from_millis(1)));
         assert_eq!(w.age(t0 + Duration::from_secs(3)), Duration::from_secs(3));
         // However costly, never older than the cap.

@@ -483,10 +483,16 @@ impl ProcessTable {
     /// Every role with its live pids and its activity: exited members' retired
     /// totals plus the live members' numbers (histograms for `span`).
     pub fn roles(&self, span: Span) -> BTreeMap<String, (Vec<u32>, Activity)> {
+        // Only what `span` needs of the retired too: an interval report
+        // would otherwise copy every retired role's total histograms.
         let mut out: BTreeMap<String, (Vec<u32>, Activity)> = self
             .retired
             .iter()
-            .map(|(role, a)| (role.clone(), (Vec::new(), a.clone())))
+            .map(|(role, a)| {
+                let mut sum = Activity::default();
+                sum.add(a, span);
+                (role.clone(), (Vec::new(), sum))
+            })
             .collect();
         for p in self.procs.values() {
             let (pids, activity) = out.entry(p.role()).or_default();

@@ -10,11 +10,12 @@ use tokio::io::unix::AsyncFd;
 use super::decode::decode;
 use crate::model::event::Event;
 
-/// How often the consumer drains without a wakeup. 4 MiB of ring holds at
-/// least ~47k records (the largest, a TCP state change, takes 88 bytes with
-/// its header), so this keeps up with several hundred thousand events/s when
-/// the consumer gets the CPU it needs.
-pub const DRAIN_PERIOD: std::time::Duration = std::time::Duration::from_millis(50);
+/// How often the consumer drains without a wakeup. Only process lifecycle
+/// and listeners stream now, and each wakeup costs the consumer a context
+/// switch: a quarter second keeps that under a few per second. A burst is
+/// drained sooner: the kernel forces a wakeup once a quarter of the ring
+/// (4 MiB: ≥ ~47k records of ≤ 88 bytes) is waiting.
+pub const DRAIN_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
 
 pub struct EventStream {
     ring: AsyncFd<RingBuf<MapData>>,

@@ -64,6 +64,15 @@ impl Totals {
     }
 }
 
+impl Totals {
+    /// Whether every sample counted is in a bucket: the kernel counts a
+    /// sample before it adds it to its bucket, and a read can fall between.
+    fn settled(&self) -> bool {
+        let in_buckets = self.buckets.iter().fold(0u32, |n, &b| n.wrapping_add(b));
+        in_buckets == self.count as u32
+    }
+}
+
 /// What a histogram gained between two reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gain {
@@ -132,8 +141,15 @@ pub struct KernelHists {
 impl KernelHists {
     /// Hands `f` what every histogram gained since the last call. Entries
     /// of processes that have exited are read one last time and removed
-    /// (they can gain nothing more), which keeps the maps small.
-    pub fn drain(&mut self, ebpf: &mut Ebpf, mut f: impl FnMut(Event)) -> Result<()> {
+    /// (they can gain nothing more), which keeps the maps small. `live`
+    /// says which processes the caller knows are alive: only the others
+    /// are looked up in /proc (whether they exited, and their name).
+    pub fn drain(
+        &mut self,
+        ebpf: &mut Ebpf,
+        live: impl Fn(u32) -> bool,
+        mut f: impl FnMut(Event),
+    ) -> Result<()> {
         let mut exited: HashMap<u32, bool> = HashMap::new();
         for (index, name) in MAPS.into_iter().enumerate() {
             let map = ebpf
@@ -144,9 +160,10 @@ impl KernelHists {
             let keys: Vec<HistKey> = hists.keys().filter_map(Result::ok).collect();
             for key in keys {
                 // Asked before the read: once exited, the read below is final.
-                let gone = *exited
-                    .entry(key.tgid)
-                    .or_insert_with(|| procfs::has_exited(key.tgid));
+                let gone = !live(key.tgid)
+                    && *exited
+                        .entry(key.tgid)
+                        .or_insert_with(|| procfs::has_exited(key.tgid));
                 let Ok(values) = hists.get(&key, 0) else {
                     continue;
                 };
@@ -155,7 +172,7 @@ impl KernelHists {
                     let _ = hists.remove(&key);
                 }
                 let comm = || {
-                    (!gone)
+                    (!gone && !live(key.tgid))
                         .then(|| procfs::read(key.tgid).map(|p| p.comm))
                         .flatten()
                 };
@@ -191,6 +208,17 @@ impl KernelHists {
         last: bool,
         comm: impl FnOnce() -> Option<String>,
     ) -> Option<HistDelta> {
+        let per_cpu: Vec<&HistValue> = per_cpu.into_iter().collect();
+        let count: u64 = per_cpu.iter().map(|v| v.count).sum();
+        if !last
+            && self
+                .seen
+                .get(&(map, key))
+                .is_some_and(|t| t.count == count && t.settled())
+        {
+            // Nothing gained since a read that caught no sample half-added.
+            return None;
+        }
         let now = Totals::of_cpus(per_cpu);
         let gain = if last {
             let before = self.seen.remove(&(map, key)).unwrap_or_else(Totals::zero);
@@ -350,5 +378,35 @@ mod tests {
         assert_eq!((reused.count, reused.min_ns), (1, 8));
         let unknown = HistKey { metric: 99, ..key };
         assert_eq!(hists.read(unknown, &[cpu(&[8])], false, name), None);
+    }
+
+    #[test]
+    fn a_sample_read_half_added_is_handed_over_when_its_bucket_lands() {
+        let key = HistKey {
+            tgid: 7,
+            metric: HistMetric::Accept as u32,
+        };
+        let mut hists = KernelHists::default();
+        assert_eq!(
+            hists
+                .read(key, &[cpu(&[1_000])], false, || None)
+                .unwrap()
+                .count,
+            1
+        );
+        // The read falls between the kernel's count and its bucket.
+        let mut torn = cpu(&[1_000]);
+        torn.count += 1;
+        torn.sum += 2_000;
+        torn.max = 2_000;
+        assert_eq!(hists.read(key, &[torn], false, || None), None);
+        // Same count as that read, but the bucket has landed since.
+        let whole = cpu(&[1_000, 2_000]);
+        let late = hists.read(key, &[whole], false, || None).unwrap();
+        assert_eq!((late.count, late.max_ns), (1, 2_000));
+        assert_eq!(
+            hists.read(key, &[cpu(&[1_000, 2_000])], false, || None),
+            None
+        );
     }
 }

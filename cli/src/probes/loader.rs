@@ -250,8 +250,12 @@ impl Probes {
 
     /// Hands `f` what the kernel's latency histograms gained since the last
     /// call (see probes_common::hist): every accept and clone sample.
-    pub fn drain_histograms(&mut self, f: impl FnMut(Event)) -> Result<()> {
-        self.hists.drain(&mut self.ebpf, f)
+    pub fn drain_histograms(
+        &mut self,
+        live: impl Fn(u32) -> bool,
+        f: impl FnMut(Event),
+    ) -> Result<()> {
+        self.hists.drain(&mut self.ebpf, live, f)
     }
 
     /// A kernel counter, summed over the CPUs.
