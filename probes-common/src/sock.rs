@@ -239,10 +239,16 @@ pub struct TrackedSocket {
     pub closer: u32,
     /// [`SIDE_ACTIVE`] or [`SIDE_PASSIVE`].
     pub side: u8,
-    pub _pad: [u8; 3],
+    pub _pad: [u8; 7],
+    /// When a connection arriving at a watched listener completed its
+    /// handshake (entered the accept queue); 0 if not one, or once its
+    /// accept took it.
+    pub established_ns: u64,
 }
 
-crate::assert_layout!(TrackedSocket, 12, { owner: 0, closer: 4, side: 8, _pad: 9 });
+crate::assert_layout!(TrackedSocket, 24, {
+    owner: 0, closer: 4, side: 8, _pad: 9, established_ns: 16,
+});
 
 /// Per-CPU counts per link: `LinkKey` → `LinkCounts`.
 pub const LINKS_MAP: &str = "LINKS";

@@ -46,22 +46,21 @@ stats! {
     ListenOwnersFull = 8,
     /// A watched socket could not be recorded in the TRACKED map, so its
     /// later state changes made outside its owner's context go unreported.
+    /// A connection arriving at a watched listener then has no handshake
+    /// time either: its accept-queue wait is unknown.
     TrackedInsertFailed = 9,
-    /// When a connection's handshake completed could not be recorded, so
-    /// its accept-queue wait is unknown.
-    HandshakeInsertFailed = 10,
     /// A link's open, close or new TIME_WAIT could not be counted: the
     /// kernel's map of links was full.
-    LinkMapFull = 11,
+    LinkMapFull = 10,
     /// A TIME_WAIT socket's closer could not be recorded, or a link's
     /// TIME_WAIT sockets could not be counted by the iterator (its map was
     /// full): those sockets show as of an unknown closer, or not at all.
-    TimeWaitMapFull = 12,
+    TimeWaitMapFull = 11,
     /// State changes the tp_btf state probe's second copy handled because
     /// they interrupted the first on its CPU (which the kernel then skips:
     /// each program has its own recursion guard). Not a loss: userspace
     /// subtracts them from the first copy's skipped runs.
-    TcpStateNested = 13,
+    TcpStateNested = 12,
 }
 
 /// Entries in the per-CPU counter array: one per [`Stat`].
@@ -86,7 +85,7 @@ mod tests {
 
     #[test]
     fn every_counter_has_its_own_slot_in_the_array() {
-        assert_eq!(STAT_COUNT, 14);
+        assert_eq!(STAT_COUNT, 13);
         assert_eq!(Stat::ALL.first(), Some(&Stat::AcceptSlotShared));
         assert_eq!(Stat::ALL.last(), Some(&Stat::TcpStateNested));
         assert!(Stat::ALL.iter().all(|&s| (s as u32) < STAT_COUNT));

@@ -13,7 +13,7 @@ use aya_log_ebpf::debug;
 use probes_common::{accept::SOCK_FROM_HOOK, hist::HistMetric, stats::Stat};
 
 use crate::{
-    clock::now, events, handshakes, hist, memory, offsets::offset_globals, slots, tcp_links,
+    clock::now, events, hist, memory, offsets::offset_globals, slots, tcp_links, tracked,
     watch_set::is_watched,
 };
 
@@ -162,7 +162,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     if let Some(sk) = sk {
         tcp_links::accepted(sk, tgid, is_watched);
     }
-    if let Some(at) = sk.and_then(handshakes::take) {
+    if let Some(at) = sk.and_then(tracked::take_established) {
         hist::record(tgid, HistMetric::AcceptQueue, end_ns.saturating_sub(at));
     }
     0

@@ -17,16 +17,16 @@ mod tcp_state;
 mod watch;
 
 // What the probes share: state that crosses probes (slots, watch_set,
-// handshakes), the latency histograms, the ring buffer and counters, and
+// tracked sockets), the latency histograms, the ring buffer and counters, and
 // helpers.
 mod clock;
 mod events;
-mod handshakes;
 mod hist;
 mod memory;
 mod offsets;
 mod slots;
 mod tcp_links;
+mod tracked;
 mod watch_set;
 
 // SAFETY: the loader reads the object's license, a NUL-terminated string,

@@ -11,7 +11,7 @@ use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{btf_tracepoint, map, tracepoint},
-    maps::{LruHashMap, PerCpuArray},
+    maps::PerCpuArray,
     programs::{BtfTracePointContext, TracePointContext},
 };
 use aya_log_ebpf::debug;
@@ -20,26 +20,23 @@ use probes_common::{
     sock::{
         Closer, LinkCounts, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT,
         TCP_CLOSING, TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_LAST_ACK, TCP_LISTEN,
-        TCP_SYN_RECV, TCP_SYN_SENT, TRACKED_MAX_ENTRIES, TcpStateEvent, TrackedSocket,
+        TCP_SYN_RECV, TCP_SYN_SENT, TcpStateEvent, TrackedSocket,
     },
     stats::Stat,
 };
 
 use crate::{
     clock::now,
-    events, handshakes, memory,
+    events, memory,
     offsets::offset_globals,
     tcp_links::{self, Ends},
+    tracked,
     watch_set::is_watched,
 };
 
 probes_common::sock_state_fields!(offset_globals);
 probes_common::sock_protocol_member!(offset_globals);
 probes_common::sock_close_members!(offset_globals);
-
-#[map]
-static TRACKED: LruHashMap<u64, TrackedSocket> =
-    LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
 
 const IPPROTO_TCP: u16 = 6;
 
@@ -153,7 +150,7 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
     // Whose socket is it? One we track; else, for changes made by a watched
     // owner's own syscalls, the caller's; else a connection arriving at a
     // watched listener.
-    let tracked = TRACKED.get_ptr_mut(sk);
+    let tracked = tracked::get(sk);
     let arriving = old == TCP_SYN_RECV && new == TCP_ESTABLISHED;
     if tracked.is_none() && !in_owner && !arriving {
         return;
@@ -179,10 +176,8 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         return;
     };
     let mut entry = match tracked {
-        // SAFETY: copied out at once. LRU maps are preallocated, so the
-        // pointer stays inside the map's memory even if the entry is
-        // deleted and its node reused meanwhile: at worst this one change
-        // counts on another watched socket's link.
+        // SAFETY: copied out at once (see tracked::get): at worst this one
+        // change counts on another watched socket's link.
         Some(p) => unsafe { *p },
         None => {
             let owner = if in_owner {
@@ -202,7 +197,8 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
                 owner,
                 closer: 0,
                 side: if passive { SIDE_PASSIVE } else { SIDE_ACTIVE },
-                _pad: [0; 3],
+                _pad: [0; 7],
+                established_ns: 0,
             }
         }
     };
@@ -263,11 +259,7 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
             );
         }
         if tracked.is_some() {
-            let _ = TRACKED.remove(sk);
-        }
-        if entry.side == SIDE_PASSIVE {
-            // Only connections arriving at a watched listener had theirs noted.
-            handshakes::forget(sk);
+            tracked::remove(sk);
         }
         return;
     }
@@ -280,17 +272,12 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
             },
         );
         if arriving {
-            handshakes::note(sk, now());
+            // It enters its listener's accept queue now.
+            entry.established_ns = now();
         }
     }
-    if tracked.is_none() && TRACKED.insert(sk, entry, 0).is_err() {
-        // An LRU map evicts to make room: this fails only when the kernel
-        // found no free node (contention across CPUs).
-        events::count(Stat::TrackedInsertFailed);
-        debug!(
-            &(),
-            "TRACKED: socket {:x} of {} not recorded", sk, entry.owner
-        );
+    if tracked.is_none() {
+        tracked::insert(sk, &entry);
     }
 }
 
@@ -307,11 +294,11 @@ fn listener(
     by_owner: bool,
 ) {
     if new == TCP_CLOSE {
-        let _ = TRACKED.remove(sk);
+        tracked::remove(sk);
         tcp_links::forget_listener(e.lport);
     } else {
-        if untracked && TRACKED.insert(sk, entry, 0).is_err() {
-            events::count(Stat::TrackedInsertFailed);
+        if untracked {
+            tracked::insert(sk, &entry);
         }
         if new == TCP_LISTEN {
             if tcp_links::set_listen_owner(e.lport, entry.owner) {

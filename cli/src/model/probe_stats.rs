@@ -113,11 +113,9 @@ pub struct Drops {
     /// listeners was full): connections arriving there are not attributed.
     pub listen_owners_full: u64,
     /// Watched sockets the kernel could not record: their later state
-    /// changes made outside their owner's context are not reported.
+    /// changes made outside their owner's context are not reported, nor
+    /// (for an arriving connection) its accept-queue wait.
     pub tracked_insert_failed: u64,
-    /// Handshakes whose time the kernel could not record: those
-    /// connections' accept-queue waits are unknown.
-    pub handshake_insert_failed: u64,
     /// Opens, closes or new TIME_WAIT the kernel could not count: its map
     /// of links was full.
     pub link_map_full: u64,
@@ -137,7 +135,6 @@ impl Drops {
             + self.hist_full
             + self.listen_owners_full
             + self.tracked_insert_failed
-            + self.handshake_insert_failed
             + self.link_map_full
             + self.time_wait_map_full
     }

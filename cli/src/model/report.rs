@@ -740,7 +740,6 @@ mod tests {
             "fork_slot_shared",
             "listen_owners_full",
             "tracked_insert_failed",
-            "handshake_insert_failed",
         ] {
             assert!(!drops[field].is_null(), "missing drops_by_cause.{field}");
         }

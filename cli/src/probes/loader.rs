@@ -284,7 +284,6 @@ impl Probes {
             fork_slot_shared: read(Stat::ForkSlotShared)?,
             listen_owners_full: read(Stat::ListenOwnersFull)?,
             tracked_insert_failed: read(Stat::TrackedInsertFailed)?,
-            handshake_insert_failed: read(Stat::HandshakeInsertFailed)?,
             link_map_full: read(Stat::LinkMapFull)?,
             time_wait_map_full: read(Stat::TimeWaitMapFull)?,
         })

@@ -260,7 +260,6 @@ fn drops_line(d: &Drops) -> String {
         ("fork slot shared", d.fork_slot_shared),
         ("listener map full", d.listen_owners_full),
         ("socket map insert failed", d.tracked_insert_failed),
-        ("handshake map insert failed", d.handshake_insert_failed),
         ("link map full", d.link_map_full),
         ("TIME_WAIT map full", d.time_wait_map_full),
     ] {
@@ -427,11 +426,13 @@ mod tests {
         let text = render(&report(Drops {
             listen_owners_full: 1,
             tracked_insert_failed: 2,
-            handshake_insert_failed: 3,
+            link_map_full: 3,
             ..Drops::default()
         }));
         assert!(
-            text.contains("DROPS 6 (listener map full 1; socket map insert failed 2; handshake map insert failed 3)"),
+            text.contains(
+                "DROPS 6 (listener map full 1; socket map insert failed 2; link map full 3)"
+            ),
             "{text}"
         );
     }
