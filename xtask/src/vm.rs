@@ -38,7 +38,7 @@ pub const DEFAULT_TESTS: [&str; 3] = ["accept_probes", "fork_probes", "sock_prob
 /// Tests left out in the guests, not understood yet, so they run on the
 /// host only rather than fail CI by chance. Under TCG the client-closes-first
 /// test loses state changes now and then (6.1 guest, 2026-12-03: 2 failures
-/// in 38 runs; the failing run had 10 runs of tcp_state_btf skipped by the
+/// in 70 runs; the failing run had 10 runs of tcp_state_btf skipped by the
 /// kernel's recursion guard that its nested copy did not take, and lost 5
 /// of the client's 20 closes: reported as skipped, so the numbers say so,
 /// but the test's exact counts fail; never on the host); the ring-sized
