@@ -166,9 +166,10 @@ pub const STATE_PROGRAM: &str = "tcp_state";
 pub const STATE_BTF_PROGRAM: &str = "tcp_state_btf";
 pub const STATE_BTF_EVENT: &str = "inet_sock_set_state";
 /// A second copy of [`STATE_BTF_PROGRAM`] on the same hook, which handles
-/// only the changes that interrupt the first on its CPU (a change in a
-/// softirq while the first runs for one in process context): the kernel
-/// skips the first for those, since a program does not nest on a CPU.
+/// only the changes the first did not run for: those that interrupt it on
+/// its CPU (a change in a softirq while the first runs for one in process
+/// context), which the kernel skips it for, since a program does not nest
+/// on a CPU.
 pub const STATE_BTF_NESTED_PROGRAM: &str = "tcp_state_btf_nested";
 /// Map from a socket's address to its [`TrackedSocket`].
 pub const TRACKED_MAP: &str = "TRACKED";

@@ -57,8 +57,8 @@ stats! {
     /// full): those sockets show as of an unknown closer, or not at all.
     TimeWaitMapFull = 11,
     /// State changes the tp_btf state probe's second copy handled because
-    /// they interrupted the first on its CPU (which the kernel then skips:
-    /// each program has its own recursion guard). Not a loss: userspace
+    /// the first did not run for them: they interrupted it on its CPU, and
+    /// each program has its own recursion guard. Not a loss: userspace
     /// subtracts them from the first copy's skipped runs.
     TcpStateNested = 12,
 }

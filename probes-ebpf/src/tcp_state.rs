@@ -73,47 +73,87 @@ fn is_abort(old: u8) -> bool {
     )
 }
 
-/// 1 while `tcp_state_btf` runs on this CPU.
+/// How many of its latest changes `tcp_state_btf` remembers per CPU: more
+/// than a softirq's burst can push out while the nested copy starts.
+const TAKEN: usize = 16;
+
+/// One state change, as the hook's arguments give it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+struct Change {
+    sk: u64,
+    /// `old << 8 | new`.
+    states: u64,
+}
+
+/// The changes `tcp_state_btf` ran for on this CPU, the newest at `next - 1`
+/// (modulo [`TAKEN`]).
+#[repr(C)]
+struct Taken {
+    next: u64,
+    changes: [Change; TAKEN],
+}
+
 #[map]
-static STATE_BTF_RUNNING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+static STATE_BTF_TAKEN: PerCpuArray<Taken> = PerCpuArray::with_max_entries(1, 0);
 
 #[btf_tracepoint(function = "inet_sock_set_state")]
 pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
-    let running = STATE_BTF_RUNNING.get_ptr_mut(0);
-    if let Some(r) = running {
-        // SAFETY: this CPU's value of a one-entry array; only this program
-        // writes it, and it does not nest on a CPU.
-        unsafe { *r = 1 };
+    let (sk, old, new) = btf_args(&ctx);
+    if let Some(t) = STATE_BTF_TAKEN.get_ptr_mut(0) {
+        // SAFETY: this CPU's value of a one-entry array, which lives as
+        // long as the map; only this program writes it, and it does not
+        // nest on a CPU. The index is masked into the array.
+        unsafe {
+            let i = (*t).next as usize % TAKEN;
+            if let Some(slot) = (*t).changes.get_mut(i) {
+                *slot = change(sk, old, new);
+            }
+            (*t).next = (*t).next.wrapping_add(1);
+        }
     }
-    btf_change(&ctx);
-    if let Some(r) = running {
-        // SAFETY: as above.
-        unsafe { *r = 0 };
-    }
+    on_btf_change(sk, old, new);
     0
 }
 
-/// Attached after `tcp_state_btf`, it handles only the changes that
-/// interrupted it on this CPU (a softirq's while it ran for a change in
-/// process context): the kernel skips `tcp_state_btf` for those, as a
-/// program never nests on a CPU, but runs this one.
+/// Attached after `tcp_state_btf`, it handles the changes that one did not
+/// run for: the kernel skips a program for a change that comes while it
+/// runs on that CPU (a softirq's, interrupting it in process context,
+/// even in the instants around its code), but runs this copy. Asking
+/// whether the change is among those the first copy ran for, rather than
+/// whether it is running now, leaves no instant uncovered.
 #[btf_tracepoint(function = "inet_sock_set_state")]
 pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
-    if !STATE_BTF_RUNNING.get(0).is_some_and(|&r| r != 0) {
+    let (sk, old, new) = btf_args(&ctx);
+    let this = change(sk, old, new);
+    let Some(t) = STATE_BTF_TAKEN.get(0) else {
+        return 0;
+    };
+    if t.changes.contains(&this) {
         return 0;
     }
     events::count(Stat::TcpStateNested);
-    btf_change(&ctx);
+    on_btf_change(sk, old, new);
     0
 }
 
 #[inline(always)]
-fn btf_change(ctx: &BtfTracePointContext) {
-    // (const struct sock *sk, int oldstate, int newstate); TCP states fit a
-    // byte.
-    let sk: u64 = ctx.arg(0);
-    let old = ctx.arg::<i32>(1) as u8;
-    let new = ctx.arg::<i32>(2) as u8;
+fn change(sk: u64, old: u8, new: u8) -> Change {
+    Change {
+        sk,
+        states: u64::from(old) << 8 | u64::from(new),
+    }
+}
+
+/// (const struct sock *sk, int oldstate, int newstate); TCP states fit a
+/// byte.
+#[inline(always)]
+fn btf_args(ctx: &BtfTracePointContext) -> (u64, u8, u8) {
+    (ctx.arg(0), ctx.arg::<i32>(1) as u8, ctx.arg::<i32>(2) as u8)
+}
+
+#[inline(always)]
+fn on_btf_change(sk: u64, old: u8, new: u8) {
     on_change(sk, old, new, || {
         tcp_links::read::<u16>(sk, &SK_PROTOCOL) == Some(IPPROTO_TCP)
     });
