@@ -73,8 +73,9 @@ fn is_abort(old: u8) -> bool {
     )
 }
 
-/// How many of its latest changes `tcp_state_btf` remembers per CPU: more
-/// than a softirq's burst can push out while the nested copy starts.
+/// How many of its latest changes `tcp_state_btf` keeps per CPU for its
+/// nested copy: more than a softirq's burst can push out while that copy
+/// starts.
 const TAKEN: usize = 16;
 
 /// One state change, as the hook's arguments give it.
@@ -86,8 +87,8 @@ struct Change {
     states: u64,
 }
 
-/// The changes `tcp_state_btf` ran for on this CPU, the newest at `next - 1`
-/// (modulo [`TAKEN`]).
+/// The changes `tcp_state_btf` ran for on this CPU that its nested copy has
+/// not yet seen, the newest at `next - 1` (modulo [`TAKEN`]).
 #[repr(C)]
 struct Taken {
     next: u64,
@@ -126,10 +127,17 @@ pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
 pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
     let (sk, old, new) = btf_args(&ctx);
     let this = change(sk, old, new);
-    let Some(t) = STATE_BTF_TAKEN.get(0) else {
+    let Some(t) = STATE_BTF_TAKEN.get_ptr_mut(0) else {
         return 0;
     };
-    if t.changes.contains(&this) {
+    // SAFETY: this CPU's value of a one-entry array, which lives as long as
+    // the map; the first copy, interrupting, writes only its newest slot.
+    let changes = unsafe { &mut (*t).changes };
+    if let Some(taken) = changes.iter_mut().find(|c| **c == this) {
+        // Used up: the kernel reuses a closed socket's memory at once, so
+        // the next connection's same change (say, its close) may come with
+        // the same address and states, and must not pass for this one.
+        taken.sk = 0;
         return 0;
     }
     events::count(Stat::TcpStateNested);
