@@ -103,8 +103,9 @@ pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
     let (sk, old, new) = btf_args(&ctx);
     if let Some(t) = STATE_BTF_TAKEN.get_ptr_mut(0) {
         // SAFETY: this CPU's value of a one-entry array, which lives as
-        // long as the map; only this program writes it, and it does not
-        // nest on a CPU. The index is masked into the array.
+        // long as the map; this program does not nest on a CPU, and the
+        // nested copy only clears the address of a slot it matched. The
+        // index is masked into the array.
         unsafe {
             let i = (*t).next as usize % TAKEN;
             if let Some(slot) = (*t).changes.get_mut(i) {
