@@ -50,9 +50,11 @@ fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_l
         "a child lived {}ns, less than its 50ms sleep",
         life.min_ns
     );
+    // Above the sleep by the wakeup delay: under qemu's emulation that was
+    // once 15 ms at the median (6.12 guest, 2026-12-03).
     assert!(
-        life.p50_ns.abs_diff(50_000_000) < 10_000_000,
-        "p50 lifetime {}ns is not within 10ms of 50ms (the sleep, plus this noisy VM's wakeup delay)",
+        life.p50_ns < 75_000_000,
+        "p50 lifetime {}ns is not within 25ms above 50ms (the sleep, plus this noisy VM's wakeup delay)",
         life.p50_ns
     );
     let fork = a.fork.total.summary();
