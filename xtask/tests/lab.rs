@@ -320,11 +320,7 @@ fn ss_time_wait(port: u16) -> u64 {
 }
 
 fn within_1_percent(what: &str, ours: u64, theirs: u64) {
-    let slack = theirs.div_ceil(100);
-    assert!(
-        ours.abs_diff(theirs) <= slack,
-        "{what}: stackprobe {ours}, independent {theirs}"
-    );
+    within_1_percent_of_bracket(what, ours, [theirs, theirs]);
 }
 
 /// `ours` within 1 % of the range two independent counts, one taken before
@@ -332,9 +328,14 @@ fn within_1_percent(what: &str, ours: u64, theirs: u64) {
 fn within_1_percent_of_bracket(what: &str, ours: u64, [before, after]: [u64; 2]) {
     let (lo, hi) = (before.min(after), before.max(after));
     let slack = hi.div_ceil(100);
+    let theirs = if before == after {
+        before.to_string()
+    } else {
+        format!("{before} before and {after} after")
+    };
     assert!(
         (lo.saturating_sub(slack)..=hi + slack).contains(&ours),
-        "{what}: stackprobe {ours}, independent {before} before and {after} after"
+        "{what}: stackprobe {ours}, independent {theirs}"
     );
 }
 

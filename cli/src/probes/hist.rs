@@ -62,9 +62,7 @@ impl Totals {
         }
         t
     }
-}
 
-impl Totals {
     /// Whether every sample counted is in a bucket: the kernel counts a
     /// sample before it adds it to its bucket, and a read can fall between.
     fn settled(&self) -> bool {
@@ -159,8 +157,9 @@ impl KernelHists {
                 PerCpuHashMap::try_from(map)?;
             let keys: Vec<HistKey> = hists.keys().filter_map(Result::ok).collect();
             for key in keys {
+                let live = live(key.tgid);
                 // Asked before the read: once exited, the read below is final.
-                let gone = !live(key.tgid)
+                let gone = !live
                     && *exited
                         .entry(key.tgid)
                         .or_insert_with(|| procfs::has_exited(key.tgid));
@@ -172,7 +171,7 @@ impl KernelHists {
                     let _ = hists.remove(&key);
                 }
                 let comm = || {
-                    (!gone && !live(key.tgid))
+                    (!gone && !live)
                         .then(|| procfs::read(key.tgid).map(|p| p.comm))
                         .flatten()
                 };
