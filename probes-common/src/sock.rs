@@ -311,7 +311,7 @@ crate::assert_layout!(LinkCounts, 32, {
 /// socket is a new object: its 4-tuple (the same `sock_common` members) is
 /// what the iterator can find it by.
 pub const TW_CLOSERS_MAP: &str = "TW_CLOSERS";
-pub const TW_CLOSERS_MAX_ENTRIES: u32 = 131072;
+pub const TW_CLOSERS_MAX_ENTRIES: u32 = 262_144;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

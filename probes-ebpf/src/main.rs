@@ -20,6 +20,7 @@ mod watch;
 // tracked sockets), the latency histograms, the ring buffer and counters, and
 // helpers.
 mod clock;
+mod closers;
 mod events;
 mod hist;
 mod memory;

@@ -1,27 +1,25 @@
 //! TCP links counted in the kernel, shared by the state probe (opens,
 //! closes, aborts, new TIME_WAIT) and the socket iterator (TIME_WAIT sockets
 //! now): a socket's ends read from one copy of its `sock_common`, the link
-//! key they make, the per-CPU counts per link, who closed each TIME_WAIT
-//! socket first, and the watched listeners.
+//! key they make, the per-CPU counts per link and the watched listeners.
 
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     Global,
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuHashMap},
+    maps::{HashMap, PerCpuHashMap},
 };
 use probes_common::{
     sock::{
         AF_INET6, Closer, LINKS_MAX_ENTRIES, LISTEN_OWNERS_MAX_ENTRIES, LinkCounts, LinkKey,
-        ListenOwner, SIDE_ACTIVE, SOCK_WINDOW, TW_CLOSERS_MAX_ENTRIES, TW_COUNTS_MAX_ENTRIES,
-        Tuple, TwCount,
+        ListenOwner, SIDE_ACTIVE, SOCK_WINDOW, TW_COUNTS_MAX_ENTRIES, Tuple, TwCount,
     },
     stats::Stat,
 };
 
 use crate::{
-    events,
+    closers, events,
     memory::{self, Bits},
     offsets::offset_globals,
 };
@@ -38,12 +36,6 @@ static LISTEN_OWNERS: HashMap<u32, ListenOwner> =
 #[map]
 static LINKS: PerCpuHashMap<LinkKey, LinkCounts> =
     PerCpuHashMap::with_max_entries(LINKS_MAX_ENTRIES, 0);
-
-/// Entries live as long as their TIME_WAIT socket, which the kernel frees
-/// without any event: the oldest are evicted to make room.
-#[map]
-static TW_CLOSERS: LruHashMap<Tuple, Closer> =
-    LruHashMap::with_max_entries(TW_CLOSERS_MAX_ENTRIES, 0);
 
 #[map]
 static TW_COUNTS: HashMap<LinkKey, TwCount> = HashMap::with_max_entries(TW_COUNTS_MAX_ENTRIES, 0);
@@ -266,9 +258,7 @@ fn add_to(counts: *mut LinkCounts, delta: &LinkCounts) {
 /// which has the same ends, is theirs.
 #[inline(always)]
 pub fn note_closer(tuple: &Tuple, closer: Closer) {
-    if TW_CLOSERS.insert(tuple, closer, 0).is_err() {
-        // An LRU map evicts to make room: this fails only when the kernel
-        // found no free node (contention across CPUs).
+    if !closers::note(tuple, closer) {
         events::count(Stat::TimeWaitMapFull);
     }
 }
@@ -279,8 +269,7 @@ pub fn note_closer(tuple: &Tuple, closer: Closer) {
 /// not ours.
 #[inline(always)]
 pub fn count_time_wait(e: &Ends, generation: u64) {
-    // SAFETY: the map is preallocated and the value copied out at once.
-    let key = match unsafe { TW_CLOSERS.get(e.tuple()) }.copied() {
+    let key = match closers::find(&e.tuple()) {
         Some(c) => e.link(c.owner, c.side),
         None if listen_owner(e.lport).is_some() => e.link(0, probes_common::sock::SIDE_PASSIVE),
         None if listen_owner(u16::from_be(e.rport_be)).is_some() && e.remote_is_here() => {
