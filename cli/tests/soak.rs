@@ -48,10 +48,10 @@ fn map_entries() -> Vec<(String, usize)> {
             continue;
         };
         let n = match name.as_str() {
-            "TRACKED" => HashMap::<_, u64, probes_common::sock::TrackedSocket>::try_from(
-                Map::LruHashMap(data),
-            )
-            .map(|m| m.keys().count()),
+            "TRACKED" => {
+                HashMap::<_, u64, probes_common::sock::TrackedSocket>::try_from(Map::HashMap(data))
+                    .map(|m| m.keys().count())
+            }
             "LISTEN_OWNERS" => {
                 HashMap::<_, u32, probes_common::sock::ListenOwner>::try_from(Map::HashMap(data))
                     .map(|m| m.keys().count())

@@ -133,8 +133,15 @@ pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
     };
     // SAFETY: this CPU's value of a one-entry array, which lives as long as
     // the map; the first copy, interrupting, writes only its newest slot.
-    let changes = unsafe { &mut (*t).changes };
-    if let Some(taken) = changes.iter_mut().find(|c| **c == this) {
+    let (next, changes) = unsafe { ((*t).next, &mut (*t).changes) };
+    // The first copy's newest note, unless a change in between took its
+    // place: asked first, it is the one in all but those rare cases.
+    let newest = next.wrapping_sub(1) as usize % TAKEN;
+    let found = match changes.get_mut(newest) {
+        Some(c) if *c == this => Some(c),
+        _ => changes.iter_mut().find(|c| **c == this),
+    };
+    if let Some(taken) = found {
         // Used up: the kernel reuses a closed socket's memory at once, so
         // the next connection's same change (say, its close) may come with
         // the same address and states, and must not pass for this one.
@@ -199,7 +206,13 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
     // Whose socket is it? One we track; else, for changes made by a watched
     // owner's own syscalls, the caller's; else a connection arriving at a
     // watched listener.
-    let tracked = tracked::get(sk);
+    // A change from CLOSE starts a socket's life (every change to CLOSE
+    // ends its tracking): nothing to look up.
+    let tracked = if old == TCP_CLOSE {
+        None
+    } else {
+        tracked::get(sk)
+    };
     let arriving = old == TCP_SYN_RECV && new == TCP_ESTABLISHED;
     if tracked.is_none() && !in_owner && !arriving {
         return;

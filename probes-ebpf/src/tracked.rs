@@ -4,7 +4,7 @@
 //! takes that for the accept-queue wait). One record per socket, inserted
 //! once and removed when it closes.
 
-use aya_ebpf::{macros::map, maps::LruHashMap};
+use aya_ebpf::{macros::map, maps::HashMap};
 use aya_log_ebpf::debug;
 use probes_common::{
     sock::{TRACKED_MAX_ENTRIES, TrackedSocket},
@@ -13,16 +13,17 @@ use probes_common::{
 
 use crate::events;
 
+/// A plain hash, not an LRU one: every entry goes when its socket closes,
+/// and an LRU insert rotates its lists under a lock.
 #[map]
-static TRACKED: LruHashMap<u64, TrackedSocket> =
-    LruHashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
+static TRACKED: HashMap<u64, TrackedSocket> = HashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
 
 /// The record of the socket at `sk`, if it is followed.
 ///
-/// LRU maps are preallocated, so the pointer stays inside the map's memory
-/// for the program's life even if the entry is deleted and its node reused
-/// meanwhile: at worst a read or write lands on another watched socket's
-/// record.
+/// The map is preallocated, so the pointer stays inside the map's memory
+/// for the program's life even if the entry is deleted and its element
+/// reused meanwhile: at worst a read or write lands on another watched
+/// socket's record.
 #[inline(always)]
 pub fn get(sk: u64) -> Option<*mut TrackedSocket> {
     TRACKED.get_ptr_mut(sk)
@@ -32,8 +33,7 @@ pub fn get(sk: u64) -> Option<*mut TrackedSocket> {
 #[inline(always)]
 pub fn insert(sk: u64, entry: &TrackedSocket) {
     if TRACKED.insert(sk, entry, 0).is_err() {
-        // An LRU map evicts to make room: this fails only when the kernel
-        // found no free node (contention across CPUs).
+        // Full: as many watched sockets open at once as the map holds.
         events::count(Stat::TrackedInsertFailed);
         debug!(
             &(),
