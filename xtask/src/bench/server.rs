@@ -68,8 +68,10 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     // for two cores), reported beside the throughput.
     let mut drops = 0;
     if let Some(tracer) = tracer {
-        let lines = tracer.stop()?;
-        if config == Config::Stackprobe {
+        if config != Config::Stackprobe {
+            tracer.end()?;
+        } else {
+            let lines = tracer.stop()?;
             let summary = summary(&lines)?;
             ensure!(
                 floor::hooks(&summary)? == scripts.floor_hooks,
