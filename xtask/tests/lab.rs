@@ -428,36 +428,25 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
     }
     let s = summary(&probe.stop());
     let by_cause = &s["drops_by_cause"];
-    // Nothing lost, and no map out of room: every cause but the state
-    // probe's skipped runs is exactly 0.
-    let skipped_state = by_cause["skipped"]["tcp_state"].as_u64().unwrap();
-    assert_eq!(
-        s["drops"].as_u64().unwrap(),
-        skipped_state,
-        "drops at the lab's loads: {by_cause}"
-    );
-    for cause in ["lost", "skipped"] {
-        for (kind, n) in by_cause[cause].as_object().unwrap() {
-            if !(cause == "skipped" && kind == "tcp_state") {
-                assert_eq!(n, 0, "{cause} {kind}: {by_cause}");
-            }
-        }
-    }
-    // A state change that interrupts the state probe on its CPU can still
-    // be skipped (0 to 2 in a run of ~250k connections here, where the
-    // classic tracepoint skipped 6 in 14 s of new.php alone): at most one
-    // in 50k connections, and said by the report when it happens.
+    // Nothing skipped, lost or out of room. The state probe's first copy is
+    // skipped for a change that interrupts it on its CPU; its nested copy
+    // handles those (tcp_state.rs), so none is left skipped either.
     let opens: u64 = s["tcp"]["links"]
         .as_array()
         .unwrap()
         .iter()
         .map(|l| l["opens"]["total"].as_u64().unwrap())
         .sum();
-    eprintln!("state changes skipped: {skipped_state} for {opens} opens");
-    assert!(
-        skipped_state * 50_000 <= opens,
-        "{skipped_state} state changes skipped for {opens} opens: {by_cause}"
+    eprintln!(
+        "state changes skipped: {} for {opens} opens",
+        by_cause["skipped"]["tcp_state"]
     );
+    assert_eq!(s["drops"], 0, "drops at the lab's loads: {by_cause}");
+    for cause in ["lost", "skipped"] {
+        for (kind, n) in by_cause[cause].as_object().unwrap() {
+            assert_eq!(n, 0, "{cause} {kind}: {by_cause}");
+        }
+    }
     assert_no_master_opens(&s);
     one_row_per_role(&s);
 
