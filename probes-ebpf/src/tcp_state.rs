@@ -194,7 +194,18 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
 /// TCP socket, asked only of a socket about to be tracked.
 #[inline(always)]
 fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
+    let listen = new == TCP_LISTEN || old == TCP_LISTEN;
+    let counted = matches!(
+        (old, new),
+        (TCP_CLOSE, TCP_SYN_SENT) | (TCP_SYN_RECV, TCP_ESTABLISHED) | (_, TCP_CLOSE)
+    );
     let by_owner = by_owner(old, new);
+    if !counted && !listen && !by_owner {
+        // CLOSE → SYN_RECV, SYN_SENT → ESTABLISHED, FIN_WAIT1 → FIN_WAIT2,
+        // ESTABLISHED → CLOSE_WAIT: four of a connection's ten changes
+        // count nothing and note nothing, tracked socket or not.
+        return;
+    }
     // The current task means something only for changes its syscalls make.
     let tgid = if by_owner {
         (bpf_get_current_pid_tgid() >> 32) as u32
@@ -217,11 +228,6 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
     if tracked.is_none() && !in_owner && !arriving {
         return;
     }
-    let listen = new == TCP_LISTEN || old == TCP_LISTEN;
-    let counted = matches!(
-        (old, new),
-        (TCP_CLOSE, TCP_SYN_SENT) | (TCP_SYN_RECV, TCP_ESTABLISHED) | (_, TCP_CLOSE)
-    );
     if let Some(p) = tracked
         && !counted
         && !listen
