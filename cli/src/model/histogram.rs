@@ -194,25 +194,20 @@ impl LatencyHistogram {
     /// ones in between included (as bpftrace prints them). HdrHistogram's
     /// sub-buckets never straddle a power of two, so these counts are exact.
     pub fn log2_buckets(&self) -> Vec<Log2Bucket> {
-        let Some(hist) = &self.hist else {
+        let Some(hist) = self.hist.as_ref().filter(|h| !h.is_empty()) else {
             return Vec::new();
         };
-        let mut counts = [0u64; 65];
-        for v in hist.iter_recorded() {
-            let value = hist.lowest_equivalent(v.value_iterated_to());
-            counts[log2_index(value)] += v.count_at_value();
-        }
-        let Some(first) = counts.iter().position(|&c| c > 0) else {
-            return Vec::new();
-        };
-        let last = counts.iter().rposition(|&c| c > 0).unwrap_or(first);
-        (first..=last)
+        // One sum over each power of two's slice of the counts, from the
+        // lowest to the highest recorded: HdrHistogram's value iterator
+        // costs several times more per counter (5 % of the collector's
+        // time under new.php when it was used here).
+        (log2_index(hist.min())..=log2_index(hist.max()))
             .map(|i| {
                 let (lo, hi) = log2_bounds(i);
                 Log2Bucket {
                     lo,
                     hi,
-                    count: counts[i],
+                    count: hist.count_between(lo, hi.saturating_sub(1).max(lo)),
                 }
             })
             .collect()
@@ -353,6 +348,38 @@ mod tests {
         assert_eq!(b.len(), 2);
         assert_eq!((b[0].lo, b[0].count), (1 << 29, 1));
         assert_eq!((b[1].lo, b[1].count), (1 << 30, 1));
+    }
+
+    /// Values spread over every power of two up to 2^35 ns (34 s).
+    fn any_magnitude() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::strategy::Strategy as _;
+        (0u32..36).prop_flat_map(|bits| 0u64..(1u64 << bits))
+    }
+
+    proptest::proptest! {
+        /// Every sample lands in the power of two its own value falls in,
+        /// at any magnitude and across merges.
+        #[test]
+        fn log2_buckets_count_each_sample_in_its_power_of_two(
+            a in proptest::collection::vec(any_magnitude(), 1..200),
+            b in proptest::collection::vec(any_magnitude(), 0..50),
+        ) {
+            let (mut ha, mut hb) = (LatencyHistogram::new(), LatencyHistogram::new());
+            a.iter().for_each(|&v| ha.record(v));
+            b.iter().for_each(|&v| hb.record(v));
+            ha.add(&hb);
+            let mut want = std::collections::BTreeMap::new();
+            for &v in a.iter().chain(&b) {
+                *want.entry(log2_index(v)).or_insert(0u64) += 1;
+            }
+            let (first, last) = (*want.keys().next().unwrap(), *want.keys().last().unwrap());
+            let got = ha.log2_buckets();
+            proptest::prop_assert_eq!(got.len(), last - first + 1);
+            for (i, bucket) in (first..).zip(&got) {
+                proptest::prop_assert_eq!((bucket.lo, bucket.hi), log2_bounds(i));
+                proptest::prop_assert_eq!(bucket.count, want.get(&i).copied().unwrap_or(0));
+            }
+        }
     }
 
     #[test]
