@@ -34,6 +34,22 @@ fn around(sorted: &[u64], rank: usize) -> (u64, u64) {
 #[test]
 fn percentiles_from_the_kernels_histograms_agree_with_known_waits_within_a_64th() {
     let _lock = probe_lock();
+    // A run whose own clock brackets are wider than the bucket width cannot
+    // judge the histogram (a late wakeup on a busy machine): it is repeated,
+    // a few times at most.
+    let mut noisy = Vec::new();
+    for _ in 0..3 {
+        match measure() {
+            Ok(()) => return,
+            Err(why) => noisy.push(why),
+        }
+    }
+    panic!("every run too noisy to judge: {noisy:?}");
+}
+
+/// One run: Err when the bounds are too wide to judge, a panic when the
+/// kernel's numbers fall outside them.
+fn measure() -> Result<(), String> {
     let mut s = Session::start();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -95,14 +111,14 @@ fn percentiles_from_the_kernels_histograms_agree_with_known_waits_within_a_64th(
         let (_, hi) = around(&high, rank);
         // The bounds are tight enough for the check to mean something: a
         // coarser histogram (the old 1/8 buckets) would fall outside.
-        assert!(
-            (hi - lo) * 64 <= lo,
-            "q{q}: bounds [{lo}, {hi}] wider than 1/64: this run was too noisy to judge"
-        );
+        if (hi - lo) * 64 > lo {
+            return Err(format!("q{q}: bounds [{lo}, {hi}] wider than 1/64"));
+        }
         let (floor, ceiling) = (lo - lo / 64, hi + hi / 64);
         assert!(
             (floor..=ceiling).contains(&p),
             "q{q}: kernel {p} ns, truth in [{lo}, {hi}] ns"
         );
     }
+    Ok(())
 }
