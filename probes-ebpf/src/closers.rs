@@ -6,7 +6,7 @@
 //! timewait socket without any event, so entries cannot be deleted, and an
 //! LRU map pays for that on every insert (it rotates and shrinks its lists
 //! under a lock: half of the state probe's time under connection churn).
-//! Here a note is a few plain stores, with no lock, into one of [`WAYS`]
+//! Here a note is a few plain stores, with no lock, into one of 8
 //! slots from the ends' hash on: the slot of the same ends, else the first
 //! free, else the oldest.
 
@@ -20,9 +20,6 @@ use crate::clock::now;
 /// it: such a socket may outlive its note and then counts under an unknown
 /// closer, never under another's.
 const LIFETIME_NS: u64 = 65_000_000_000;
-
-/// Slots a note may take, from its home slot on.
-const WAYS: u32 = 8;
 
 const _: () = assert!(TW_CLOSERS_MAX_ENTRIES.is_power_of_two());
 
@@ -86,9 +83,9 @@ pub fn note(tuple: &Tuple, closer: Closer) -> bool {
     let now = now();
     // The slot to write and when its note was written.
     let mut take: Option<(*mut Slot, u64)> = None;
-    for way in 0..WAYS {
+    let mut visit = |way: u32| -> bool {
         let Some(s) = slot(home + way) else {
-            continue;
+            return false;
         };
         // SAFETY: a value of an array map, which lives as long as the map.
         // Two CPUs noting different ends into one slot at the same instant
@@ -101,12 +98,23 @@ pub fn note(tuple: &Tuple, closer: Closer) -> bool {
         // slots stay written).
         if noted_ns == 0 || same(unsafe { &(*s).ends }, &ends) {
             take = Some((s, 0));
-            break;
+            return true;
         }
         if take.is_none_or(|(_, oldest)| noted_ns < oldest) {
             take = Some((s, noted_ns));
         }
-    }
+        false
+    };
+    // Unrolled by hand: 6.1's verifier refuses the loop LLVM makes of it
+    // (a back-edge through a fall-through).
+    let _ = visit(0)
+        || visit(1)
+        || visit(2)
+        || visit(3)
+        || visit(4)
+        || visit(5)
+        || visit(6)
+        || visit(7);
     let Some((s, replaced_ns)) = take else {
         return false;
     };
@@ -128,18 +136,25 @@ pub fn find(tuple: &Tuple) -> Option<Closer> {
     let ends = words(tuple);
     let home = home(&ends);
     let now = now();
-    for way in 0..WAYS {
-        let Some(s) = slot(home + way) else {
-            continue;
-        };
+    // Some(answer) once a slot settles it.
+    let visit = |way: u32| -> Option<Option<Closer>> {
+        let s = slot(home + way)?;
         // SAFETY: as in `note`; the copy is checked whole after it is taken.
         let seen = unsafe { *s };
         if seen.noted_ns == 0 {
-            return None;
+            return Some(None);
         }
-        if same(&seen.ends, &ends) {
-            return (now.saturating_sub(seen.noted_ns) <= LIFETIME_NS).then_some(seen.closer);
-        }
-    }
-    None
+        same(&seen.ends, &ends)
+            .then(|| (now.saturating_sub(seen.noted_ns) <= LIFETIME_NS).then_some(seen.closer))
+    };
+    // Unrolled by hand, as in `note`.
+    visit(0)
+        .or_else(|| visit(1))
+        .or_else(|| visit(2))
+        .or_else(|| visit(3))
+        .or_else(|| visit(4))
+        .or_else(|| visit(5))
+        .or_else(|| visit(6))
+        .or_else(|| visit(7))
+        .flatten()
 }
