@@ -6,7 +6,7 @@ use std::{
     collections::HashSet,
     fs,
     io::{BufRead as _, BufReader},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     sync::mpsc,
     thread,
     time::{Duration, Instant},
@@ -113,50 +113,51 @@ impl Tracer {
         Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
 
+    /// SIGINT, then its exit status once it exits, None if it has not
+    /// within `within`.
+    fn interrupt(&mut self, within: Duration) -> Result<Option<ExitStatus>> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGINT) };
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(Some(status));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Ends a reference tracer whose output is not wanted: SIGINT, then
     /// SIGKILL if it has not exited within 20 s. bpftrace 0.17 now and then
     /// stays in epoll_wait after taking the SIGINT (a whole benchmark run
     /// lost to it once); what it measured was read before, so the round
     /// stands.
     pub fn end(mut self) -> Result<()> {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                eprintln!(
-                    "bench: tracer {} ignored SIGINT for 20 s, killed: {}",
-                    self.pid,
-                    diagnose(self.pid)
-                );
-                self.child.kill()?;
-                self.child.wait()?;
-                break;
-            }
-            thread::sleep(Duration::from_millis(20));
+        if self.interrupt(Duration::from_secs(20))?.is_none() {
+            eprintln!(
+                "bench: tracer {} ignored SIGINT for 20 s, killed: {}",
+                self.pid,
+                diagnose(self.pid)
+            );
+            self.child.kill()?;
+            self.child.wait()?;
         }
         Ok(())
     }
 
     /// SIGINT, then everything it printed on stdout.
     pub fn stop(mut self) -> Result<Vec<String>> {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(status) = self.child.try_wait()? {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let diagnosis = diagnose(self.pid);
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                bail!(
-                    "tracer {} did not exit within 60 s of SIGINT: {diagnosis}",
-                    self.pid
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
+        let Some(status) = self.interrupt(Duration::from_secs(60))? else {
+            let diagnosis = diagnose(self.pid);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            bail!(
+                "tracer {} did not exit within 60 s of SIGINT: {diagnosis}",
+                self.pid
+            );
         };
         if !status.success() {
             bail!("tracer {} exited with {status}", self.pid);
