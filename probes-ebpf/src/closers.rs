@@ -56,6 +56,13 @@ fn home(ends: &[u64; ENDS_WORDS]) -> u32 {
     (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - TW_CLOSERS_MAX_ENTRIES.trailing_zeros())) as u32
 }
 
+/// Whether a note written at `noted_ns` may still be its socket's: written,
+/// and within a timewait socket's life.
+#[inline(always)]
+fn live(noted_ns: u64, now: u64) -> bool {
+    noted_ns != 0 && now.saturating_sub(noted_ns) <= LIFETIME_NS
+}
+
 #[inline(always)]
 fn slot(i: u32) -> Option<*mut Slot> {
     TW_CLOSERS.get_ptr_mut(i & (TW_CLOSERS_MAX_ENTRIES - 1))
@@ -126,7 +133,7 @@ pub fn note(tuple: &Tuple, closer: Closer) -> bool {
             closer,
         };
     }
-    replaced_ns == 0 || now.saturating_sub(replaced_ns) > LIFETIME_NS
+    !live(replaced_ns, now)
 }
 
 /// Who closed the socket with these ends first, if noted within a
@@ -144,8 +151,7 @@ pub fn find(tuple: &Tuple) -> Option<Closer> {
         if seen.noted_ns == 0 {
             return Some(None);
         }
-        same(&seen.ends, &ends)
-            .then(|| (now.saturating_sub(seen.noted_ns) <= LIFETIME_NS).then_some(seen.closer))
+        same(&seen.ends, &ends).then(|| live(seen.noted_ns, now).then_some(seen.closer))
     };
     // Unrolled by hand, as in `note`.
     visit(0)

@@ -232,9 +232,9 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         && !counted
         && !listen
     {
-        // Most changes of a tracked socket count nothing: no ends to read,
-        // no link to touch.
-        if by_owner && new == TCP_FIN_WAIT1 {
+        // The owner's own change that counts nothing (the early return
+        // took the others): no ends to read, no link to touch.
+        if new == TCP_FIN_WAIT1 {
             // SAFETY: see the copy below; one u32 store into the value.
             unsafe { (*p).closer = closer(in_owner, tgid, (*p).owner) };
         }
