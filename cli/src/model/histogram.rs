@@ -3,7 +3,11 @@
 //! count, min, max and sum, which the histogram alone would round.
 //!
 //! The HdrHistogram (~220 KB) is allocated at the first sample: most processes
-//! of a forking server never accept or fork, and their rows stay small.
+//! of a forking server never accept or fork, and their rows stay small. It is
+//! shared on copy and copied on write: a role's sum of one member, rebuilt
+//! for every report, then costs no copy of it.
+
+use std::sync::Arc;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -15,7 +19,7 @@ pub const SIGNIFICANT_DIGITS: u8 = 3;
 
 #[derive(Clone, Debug)]
 pub struct LatencyHistogram {
-    hist: Option<Box<Histogram<u64>>>,
+    hist: Option<Arc<Histogram<u64>>>,
     min: u64,
     max: u64,
     sum: u128,
@@ -89,7 +93,7 @@ impl LatencyHistogram {
         };
         let sum = (hist.mean() * hist.len() as f64).round() as u128;
         Self {
-            hist: Some(Box::new(hist)),
+            hist: Some(Arc::new(hist)),
             min,
             max,
             sum,
@@ -97,12 +101,13 @@ impl LatencyHistogram {
     }
 
     fn hist_mut(&mut self) -> &mut Histogram<u64> {
-        self.hist.get_or_insert_with(|| {
-            Box::new(
+        let hist = self.hist.get_or_insert_with(|| {
+            Arc::new(
                 Histogram::new_with_bounds(1, HIGHEST_NS, SIGNIFICANT_DIGITS)
                     .expect("constant histogram bounds are valid"),
             )
-        })
+        });
+        Arc::make_mut(hist)
     }
 
     pub fn record(&mut self, ns: u64) {
@@ -143,9 +148,9 @@ impl LatencyHistogram {
             return;
         };
         match &mut self.hist {
-            // A copy is a fraction of that walk (a role of one process).
-            None => self.hist = Some(theirs.clone()),
-            Some(mine) => mine
+            // Shared, not copied: a role of one process, or the first member.
+            None => self.hist = Some(Arc::clone(theirs)),
+            Some(mine) => Arc::make_mut(mine)
                 .add(theirs.as_ref())
                 .expect("histograms with equal bounds always add"),
         }
@@ -155,9 +160,13 @@ impl LatencyHistogram {
     }
 
     pub fn reset(&mut self) {
-        // Resetting clears every bucket: skip it when nothing was recorded.
+        // Resetting clears every bucket: skip it when nothing was recorded,
+        // and let go of a histogram shared with a sum instead.
         if let Some(h) = self.hist.as_mut().filter(|h| !h.is_empty()) {
-            h.reset();
+            match Arc::get_mut(h) {
+                Some(h) => h.reset(),
+                None => self.hist = None,
+            }
         }
         self.min = u64::MAX;
         self.max = 0;
@@ -407,5 +416,25 @@ mod tests {
         assert!(a.is_empty());
         a.record(5);
         assert_eq!(a.summary().min_ns, 5);
+    }
+
+    #[test]
+    fn a_sum_of_one_shares_its_histogram_and_neither_sees_the_others_changes() {
+        let mut member = LatencyHistogram::new();
+        member.record(1_000);
+        let mut sum = LatencyHistogram::new();
+        sum.add(&member);
+        assert!(Arc::ptr_eq(
+            sum.hist.as_ref().unwrap(),
+            member.hist.as_ref().unwrap()
+        ));
+        member.record(2_000);
+        assert_eq!((sum.count(), member.count()), (1, 2));
+        sum.record(3_000);
+        member.reset();
+        assert_eq!((sum.count(), sum.summary().max_ns), (2, 3_000));
+        assert!(member.is_empty());
+        member.record(4_000);
+        assert_eq!((sum.count(), member.count()), (2, 1));
     }
 }
