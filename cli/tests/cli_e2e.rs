@@ -589,11 +589,13 @@ fn a_recording_reads_back_with_the_runs_exact_counts() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["role"], "stackprobe-loop");
     assert_eq!(rows[0]["count"], 20, "the recording holds every accept");
-    // Percentiles from the recording are the run's, within HdrHistogram's 0.1%.
+    // Percentiles from the recording are the run's, within HdrHistogram's
+    // 1/128: the run clamps them to its exact extremes, which a recording
+    // keeps only as the histogram rounds them.
     for p in ["p50_ns", "p99_ns"] {
         let (a, b) = (rows[0][p].as_f64().unwrap(), live[p].as_f64().unwrap());
         assert!(
-            (a - b).abs() <= b * 0.001 + 1.0,
+            (a - b).abs() <= b / 128.0 + 1.0,
             "{p}: recording {a} vs run {b}"
         );
     }
