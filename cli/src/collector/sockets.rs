@@ -29,12 +29,14 @@ use crate::{
 /// A walk is due once this many times its own cost has passed since the
 /// last one, which keeps walking under 0.05 % of a core however many
 /// sockets there are (a walk of 10k sockets takes ~10 ms here, so one each
-/// 15 s). A TIME_WAIT socket lives 60 s, so the count changes slowly; new
+/// 20 s). A TIME_WAIT socket lives 60 s, so the count changes slowly; new
 /// TIME_WAIT is counted exactly from the state changes between walks, and
 /// the count's age is shown with it.
 const WALK_BUDGET: u32 = 2000;
-/// The oldest a TIME_WAIT count gets, however costly a walk.
-const MAX_WALK_PERIOD: Duration = Duration::from_secs(15);
+/// The oldest a TIME_WAIT count gets, however costly a walk: half a
+/// TIME_WAIT socket's life. (At 15 s, the walks of new.php's 17k sockets,
+/// 30 ms of CPU each, were half of stackprobe's CPU there.)
+const MAX_WALK_PERIOD: Duration = Duration::from_secs(30);
 
 /// When the sockets were last walked, and what that walk cost.
 #[derive(Debug, Default)]

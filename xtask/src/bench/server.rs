@@ -104,9 +104,9 @@ pub fn run(scale: &Scale) -> Result<String> {
     };
     let rounds = scale.pick(1, 3);
     // A round spans one of stackprobe's TIME_WAIT walks, which come every
-    // 15 s at the lab's socket counts: shorter rounds would leave their
+    // 30 s at the lab's socket counts: shorter rounds would leave their
     // cost out.
-    let seconds = scale.pick(2, 16);
+    let seconds = scale.pick(2, 31);
     let pages = [
         (
             LabPage::Static,
@@ -134,7 +134,7 @@ pub fn run(scale: &Scale) -> Result<String> {
          every run, ≈ 20 ns per program run for every configuration alike), the tracer's own user \
          + system CPU during the load (from /proc; bpftrace's start-up compile is not counted; \
          stackprobe's socket iterator runs inside its read() and is counted once, as BPF time; a \
-         round is long enough to hold one of its walks, spaced 15 s apart here), \
+         round is long enough to hold one of its walks, spaced 30 s apart here), \
          and their sum; medians over the rounds. Targets for stackprobe: total CPU per request \
          ≤ bpftrace's; its userspace ≤ 1 % of a core under the static load; throughput within 2 \
          points of the floor's (points: hundredths of the throughput with nothing attached, per \
