@@ -227,6 +227,22 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
             fork.min_ns > 0 && fork.max_ns < 1_000_000_000,
             "{hook:?}: {fork:?}"
         );
+        // The run statistics read through bpf() are the kernel's: between
+        // two reads of its fdinfo (the clone probes run for every clone on
+        // the machine, so the counts may move meanwhile).
+        let ids = s.collector.probes().program_ids().unwrap();
+        let before = fdinfo_run_totals(&ids);
+        let costs = s.collector.probes().costs().unwrap();
+        let after = fdinfo_run_totals(&ids);
+        let read = (
+            costs.iter().map(|c| c.runs).sum::<u64>(),
+            costs.iter().map(|c| c.run_time_ns).sum::<u64>(),
+        );
+        assert!(read.0 > 0 && read.1 > 0, "{hook:?}: {costs:?}");
+        assert!(
+            (before.0..=after.0).contains(&read.0) && (before.1..=after.1).contains(&read.1),
+            "{hook:?}: bpf() read {read:?}, fdinfo {before:?} then {after:?}"
+        );
         // One line per rung: cargo xtask vm-test puts it in its table.
         eprintln!(
             "fork hook cost {hook:?}: {} (fork p50 {} ns)",

@@ -3,7 +3,7 @@
 //! the kernel does the same if the process dies outright, since nothing is
 //! pinned.
 
-use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
+use std::os::fd::{AsFd as _, OwnedFd};
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -25,7 +25,7 @@ use super::{
     fork,
     hist::KernelHists,
     kernel_log::{self, KernelLog},
-    preflight,
+    preflight, prog_info,
     rungs::{ForkRung, QueueRung, StateRung},
     self_check, sock,
     tracefs::Tracefs,
@@ -290,15 +290,14 @@ impl Probes {
     }
 
     /// Runs each program missed because a BPF program was already running
-    /// on that CPU: the kernel's `recursion_misses`, from the program fd's
-    /// /proc/self/fdinfo (5.12+; older kernels do not say, and it reads 0).
+    /// on that CPU: the kernel's `recursion_misses` (5.12+; older kernels
+    /// do not say, and it reads 0).
     fn skipped_runs(&self) -> Result<LostEvents> {
         let mut skipped = LostEvents::default();
         for (name, program) in self.loaded_programs() {
-            let fd = program.fd()?.as_fd().as_raw_fd();
-            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
-                .with_context(|| format!("reading the fdinfo of {name}"))?;
-            let misses = recursion_misses(&info);
+            let misses = prog_info::run_stats(program.fd()?.as_fd())
+                .with_context(|| format!("reading the run statistics of {name}"))?
+                .recursion_misses;
             if misses > 0
                 && let Some(kind) = probe_kind_of(name)
                 && name != probes_common::sock::STATE_BTF_NESTED_PROGRAM
@@ -319,13 +318,12 @@ impl Probes {
     pub fn costs(&self) -> Result<Vec<ProgramCost>> {
         let mut out = Vec::new();
         for (name, program) in self.loaded_programs() {
-            let info = program
-                .info()
-                .with_context(|| format!("reading info of {name}"))?;
+            let stats = prog_info::run_stats(program.fd()?.as_fd())
+                .with_context(|| format!("reading the run statistics of {name}"))?;
             out.push(ProgramCost {
                 program: name.to_string(),
-                runs: info.run_count(),
-                run_time_ns: info.run_time().as_nanos() as u64,
+                runs: stats.runs,
+                run_time_ns: stats.run_time_ns,
             });
         }
         out.sort_by(|a, b| a.program.cmp(&b.program));
@@ -423,15 +421,6 @@ fn probe_kind_of(name: &str) -> Option<ProbeKind> {
     }
 }
 
-/// `recursion_misses` from a BPF program's fdinfo, 0 when absent.
-fn recursion_misses(fdinfo: &str) -> u64 {
-    fdinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("recursion_misses:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Per-thread slots for syscalls in flight: enough for every thread id when
 /// `pid_max` allows (MAX_SLOTS, 2^18); beyond that a shared slot is counted
 /// as a drop.
@@ -446,14 +435,6 @@ pub fn slot_count(pid_max: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn recursion_misses_are_read_from_fdinfo() {
-        let info =
-            "pos:\t0\nprog_type:\t5\nrun_cnt:\t9\nrecursion_misses:\t3\nverified_insns:\t40\n";
-        assert_eq!(recursion_misses(info), 3);
-        assert_eq!(recursion_misses("prog_type:\t5\n"), 0);
-    }
 
     #[test]
     fn every_recording_program_has_a_kind() {

@@ -15,6 +15,7 @@ pub mod kernel_log;
 pub mod loader;
 pub mod preflight;
 pub mod privileges;
+pub mod prog_info;
 pub mod rungs;
 pub mod self_check;
 pub mod sock;

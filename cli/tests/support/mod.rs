@@ -321,6 +321,28 @@ pub fn rung_costs(s: &Session, prefixes: &[&str]) -> String {
         .join(", ")
 }
 
+/// Runs and run time summed over this process's BPF program fds whose
+/// kernel ids are in `ids`, as /proc/self/fdinfo tells them: the kernel's
+/// own text, to check what stackprobe reads through bpf() against.
+pub fn fdinfo_run_totals(ids: &[u32]) -> (u64, u64) {
+    let mut totals = (0, 0);
+    for entry in std::fs::read_dir("/proc/self/fdinfo").unwrap() {
+        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else {
+            continue;
+        };
+        let field = |name: &str| -> Option<u64> {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        if field("prog_id:").is_some_and(|id| ids.contains(&(id as u32))) {
+            totals.0 += field("run_cnt:").unwrap_or(0);
+            totals.1 += field("run_time_ns:").unwrap_or(0);
+        }
+    }
+    totals
+}
+
 /// Names of stackprobe's kernel programs but the fork rungs' (as the kernel
 /// truncates them, to 15 bytes).
 /// (One state program is loaded: `tcp_state`, or `tcp_state_btf` and its
