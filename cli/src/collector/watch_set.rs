@@ -1,8 +1,10 @@
 //! Following the watch set from userspace. The kernel adds processes that
 //! exec a selected name and children of watched processes as they appear;
 //! /proc is scanned once, at start, for what was running before the probes
-//! attached. After that only pids new to the watch set are read from /proc:
-//! the cost follows what changed, not how many processes the machine runs.
+//! attached. After that only pids new to the watch set are read from /proc,
+//! and of those forked since, only whether they live and their title (their
+//! spawn event names them and their parent): the cost follows what changed,
+//! not how many processes the machine runs.
 
 use std::collections::{HashMap, HashSet, hash_map::Entry};
 
@@ -55,7 +57,20 @@ impl WatchSet {
             let known = match self.known.entry(pid) {
                 Entry::Occupied(known) if procfs::alive(pid) => known.into_mut(),
                 Entry::Occupied(_) => continue,
-                // New to the watch set: the one time its /proc entry is read.
+                // New to the watch set, and forked while the probes watched:
+                // its spawn event told its name and parent already.
+                Entry::Vacant(slot)
+                    if let Some(p) = table.get(pid).filter(|p| p.parent.is_some()) =>
+                {
+                    if !procfs::alive(pid) {
+                        continue;
+                    }
+                    slot.insert(Known {
+                        name: p.name.clone(),
+                        parent: p.parent.clone(),
+                    })
+                }
+                // Else the one time its /proc entry is read.
                 Entry::Vacant(slot) => {
                     let Some(p) = procfs::read(pid).filter(|p| p.is_process() && !p.zombie) else {
                         continue;
