@@ -6,9 +6,15 @@
 //! timewait socket without any event, so entries cannot be deleted, and an
 //! LRU map pays for that on every insert (it rotates and shrinks its lists
 //! under a lock: half of the state probe's time under connection churn).
-//! Here a note is a few plain stores, with no lock, into one of 8
-//! slots from the ends' hash on: the slot of the same ends, else the first
-//! free, else the oldest.
+//! Here a note is a few plain stores, with no lock, into one of the 8 slots
+//! of the set the ends' hash picks: the slot of the same ends, else the
+//! first free, else the oldest.
+//!
+//! A slot is 16 bytes, so a set is two cache lines: the ends are kept as
+//! their 64-bit hash (two ends that differ share one with a chance of 2^-62
+//! per slot looked at). With the whole ends (56-byte slots) the 8 ways
+//! spanned 7 lines, each a likely miss, for every note and every TIME_WAIT
+//! socket a walk counts.
 
 use aya_ebpf::{macros::map, maps::Array};
 use probes_common::sock::{Closer, TW_CLOSERS_MAX_ENTRIES, Tuple};
@@ -21,46 +27,71 @@ use crate::clock::now;
 /// closer, never under another's.
 const LIFETIME_NS: u64 = 65_000_000_000;
 
-const _: () = assert!(TW_CLOSERS_MAX_ENTRIES.is_power_of_two());
+/// A note's time is kept in units of 2^21 ns (2.1 ms) in 32 bits: it wraps
+/// after 104 days, far past a timewait socket's life.
+const UNIT_SHIFT: u32 = 21;
+const LIFETIME_UNITS: u32 = (LIFETIME_NS >> UNIT_SHIFT) as u32 + 1;
+
+const WAYS: u32 = 8;
+const SETS: u32 = TW_CLOSERS_MAX_ENTRIES / WAYS;
+const _: () = assert!(SETS.is_power_of_two() && SETS * WAYS == TW_CLOSERS_MAX_ENTRIES);
+
+/// The tag's low bits hold the closer's side (SIDE_ACTIVE or SIDE_PASSIVE).
+const SIDE_BITS: u64 = 0b11;
 
 #[derive(Clone, Copy)]
-#[repr(C)]
+#[repr(C, align(16))]
 struct Slot {
-    /// When the note was written; 0 for a slot never written.
-    noted_ns: u64,
-    ends: [u64; ENDS_WORDS],
-    closer: Closer,
+    /// The ends' hash, its low bits replaced by the closer's side.
+    tag: u64,
+    /// When the note was written (see [`UNIT_SHIFT`]), its lowest bit set;
+    /// 0 for a slot never written.
+    stamp: u32,
+    owner: u32,
 }
 
-const ENDS_WORDS: usize = size_of::<Tuple>() / 8;
-const _: () = assert!(size_of::<Tuple>() == ENDS_WORDS * 8);
+const _: () = assert!(size_of::<Slot>() == 16);
 
 #[map]
 static TW_CLOSERS: Array<Slot> = Array::with_max_entries(TW_CLOSERS_MAX_ENTRIES, 0);
 
-/// The ends as whole words: compared and hashed word by word.
+const ENDS_WORDS: usize = size_of::<Tuple>() / 8;
+const _: () = assert!(size_of::<Tuple>() == ENDS_WORDS * 8);
+
+/// The ends' 64-bit hash, word by word (a multiplicative mix).
 #[inline(always)]
-fn words(tuple: &Tuple) -> [u64; ENDS_WORDS] {
+fn hash(tuple: &Tuple) -> u64 {
     // SAFETY: Tuple is repr(C) with no gaps (asserted in probes-common), so
     // all its bytes are initialised; any bytes are valid u64s.
-    unsafe { core::mem::transmute::<Tuple, [u64; ENDS_WORDS]>(*tuple) }
-}
-
-/// The first slot the ends may take (a multiplicative hash's top bits).
-#[inline(always)]
-fn home(ends: &[u64; ENDS_WORDS]) -> u32 {
+    let words = unsafe { core::mem::transmute::<Tuple, [u64; ENDS_WORDS]>(*tuple) };
     let mut h: u64 = 0;
-    for w in ends {
+    for w in words {
         h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
     }
-    (h.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - TW_CLOSERS_MAX_ENTRIES.trailing_zeros())) as u32
+    h.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Whether a note written at `noted_ns` may still be its socket's: written,
-/// and within a timewait socket's life.
+/// The first slot of the ends' set (from the hash's top bits; the tag
+/// compares all of them).
 #[inline(always)]
-fn live(noted_ns: u64, now: u64) -> bool {
-    noted_ns != 0 && now.saturating_sub(noted_ns) <= LIFETIME_NS
+fn set(hash: u64) -> u32 {
+    (hash >> (64 - SETS.trailing_zeros())) as u32 * WAYS
+}
+
+#[inline(always)]
+fn stamp(now_ns: u64) -> u32 {
+    (now_ns >> UNIT_SHIFT) as u32 | 1
+}
+
+/// How long ago, in units, a note stamped `stamp` was written.
+#[inline(always)]
+fn age(stamp: u32, now: u32) -> u32 {
+    now.wrapping_sub(stamp)
+}
+
+#[inline(always)]
+fn same_ends(tag: u64, hash: u64) -> bool {
+    (tag ^ hash) & !SIDE_BITS == 0
 }
 
 #[inline(always)]
@@ -68,47 +99,38 @@ fn slot(i: u32) -> Option<*mut Slot> {
     TW_CLOSERS.get_ptr_mut(i & (TW_CLOSERS_MAX_ENTRIES - 1))
 }
 
-/// Whether two ends are the same, word by word: an `==` on the arrays
-/// compiles to a call to a byte-by-byte memcmp.
-#[inline(always)]
-fn same(a: &[u64; ENDS_WORDS], b: &[u64; ENDS_WORDS]) -> bool {
-    let mut diff = 0;
-    for i in 0..ENDS_WORDS {
-        diff |= a[i] ^ b[i];
-    }
-    diff == 0
-}
-
-/// Notes who closed the socket with these ends first. When all its slots
-/// hold notes younger than a timewait socket's life, the oldest gives way,
-/// and false says a closer may be lost (that socket then counts under an
-/// unknown closer).
+/// Notes who closed the socket with these ends first. When all its set's
+/// slots hold notes younger than a timewait socket's life, the oldest gives
+/// way, and false says a closer may be lost (that socket then counts under
+/// an unknown closer).
 #[inline(always)]
 pub fn note(tuple: &Tuple, closer: Closer) -> bool {
-    let ends = words(tuple);
-    let home = home(&ends);
-    let now = now();
-    // The slot to write and when its note was written.
-    let mut take: Option<(*mut Slot, u64)> = None;
+    let hash = hash(tuple);
+    let first = set(hash);
+    let now = stamp(now());
+    // The slot to write and the age of the note it holds (0: none).
+    let mut take: Option<(*mut Slot, u32)> = None;
     let mut visit = |way: u32| -> bool {
-        let Some(s) = slot(home + way) else {
+        let Some(s) = slot(first + way) else {
             return false;
         };
         // SAFETY: a value of an array map, which lives as long as the map.
         // Two CPUs noting different ends into one slot at the same instant
-        // leave one of them, or a mix that matches no ends: a socket then
-        // counts under an unknown closer, never under another's.
-        let noted_ns = unsafe { (*s).noted_ns };
+        // leave one of them, or a mix whose tag matches no ends (a socket
+        // then counts under an unknown closer), or one's ends with the
+        // other's closer, a chance as small as the race is rare.
+        let (stamp, tag) = unsafe { ((*s).stamp, (*s).tag) };
         // Same ends: a reused 4-tuple, whose older timewait socket the
         // kernel has just killed. Never written: no later slot holds these
         // ends either (a note goes to the first slot not live, and written
         // slots stay written).
-        if noted_ns == 0 || same(unsafe { &(*s).ends }, &ends) {
+        if stamp == 0 || same_ends(tag, hash) {
             take = Some((s, 0));
             return true;
         }
-        if take.is_none_or(|(_, oldest)| noted_ns < oldest) {
-            take = Some((s, noted_ns));
+        let age = age(stamp, now);
+        if take.is_none_or(|(_, oldest)| age > oldest) {
+            take = Some((s, age));
         }
         false
     };
@@ -122,36 +144,42 @@ pub fn note(tuple: &Tuple, closer: Closer) -> bool {
         || visit(5)
         || visit(6)
         || visit(7);
-    let Some((s, replaced_ns)) = take else {
+    let Some((s, replaced_age)) = take else {
         return false;
     };
     // SAFETY: as above.
     unsafe {
         *s = Slot {
-            noted_ns: now,
-            ends,
-            closer,
+            tag: (hash & !SIDE_BITS) | u64::from(closer.side) & SIDE_BITS,
+            stamp: now,
+            owner: closer.owner,
         };
     }
-    !live(replaced_ns, now)
+    replaced_age == 0 || replaced_age > LIFETIME_UNITS
 }
 
 /// Who closed the socket with these ends first, if noted within a
 /// timewait socket's life.
 #[inline(always)]
 pub fn find(tuple: &Tuple) -> Option<Closer> {
-    let ends = words(tuple);
-    let home = home(&ends);
-    let now = now();
+    let hash = hash(tuple);
+    let first = set(hash);
+    let now = stamp(now());
     // Some(answer) once a slot settles it.
     let visit = |way: u32| -> Option<Option<Closer>> {
-        let s = slot(home + way)?;
+        let s = slot(first + way)?;
         // SAFETY: as in `note`; the copy is checked whole after it is taken.
         let seen = unsafe { *s };
-        if seen.noted_ns == 0 {
+        if seen.stamp == 0 {
             return Some(None);
         }
-        same(&seen.ends, &ends).then(|| live(seen.noted_ns, now).then_some(seen.closer))
+        same_ends(seen.tag, hash).then(|| {
+            (age(seen.stamp, now) <= LIFETIME_UNITS).then_some(Closer {
+                owner: seen.owner,
+                side: (seen.tag & SIDE_BITS) as u8,
+                _pad: [0; 3],
+            })
+        })
     };
     // Unrolled by hand, as in `note`.
     visit(0)
