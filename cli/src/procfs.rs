@@ -1,7 +1,7 @@
 //! What /proc says about processes: the userspace half of process selection
 //! (the kernel half follows exec and fork).
 
-use std::{collections::HashMap, fs, path::Path};
+use std::{fs, path::Path};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcInfo {
@@ -101,25 +101,32 @@ pub fn socket_inodes(pid: u32) -> Vec<u64> {
         .collect()
 }
 
-/// The TcpExt counters of /proc/net/netstat (cumulative since boot, for the
-/// whole machine): `ListenOverflows`, `ListenDrops`, `TCPTimeWaitOverflow`…
-pub fn tcp_ext_counters() -> HashMap<String, u64> {
+/// The TcpExt counters of /proc/net/netstat named in `names` (cumulative
+/// since boot, for the whole machine: `ListenOverflows`, `ListenDrops`,
+/// `TCPTimeWaitOverflow`…), None where absent. Read each interval: only the
+/// named are kept, none of the hundred others.
+pub fn tcp_ext_counters<const N: usize>(names: [&str; N]) -> [Option<u64>; N] {
     fs::read_to_string("/proc/net/netstat")
-        .map(|text| parse_netstat(&text, "TcpExt:"))
-        .unwrap_or_default()
+        .map(|text| parse_netstat(&text, "TcpExt:", names))
+        .unwrap_or([None; N])
 }
 
-fn parse_netstat(text: &str, section: &str) -> HashMap<String, u64> {
-    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(section)).collect();
-    let [names, values] = lines[..] else {
-        return HashMap::new();
+fn parse_netstat<const N: usize>(text: &str, section: &str, names: [&str; N]) -> [Option<u64>; N] {
+    let mut out = [None; N];
+    let mut lines = text.lines().filter(|l| l.starts_with(section));
+    let (Some(header), Some(values)) = (lines.next(), lines.next()) else {
+        return out;
     };
-    names
+    for (name, value) in header
         .split_whitespace()
         .zip(values.split_whitespace())
         .skip(1)
-        .filter_map(|(n, v)| Some((n.to_string(), v.parse().ok()?)))
-        .collect()
+    {
+        if let Some(i) = names.iter().position(|n| *n == name) {
+            out[i] = value.parse().ok();
+        }
+    }
+    out
 }
 
 /// `net.ipv4.ip_local_port_range`: the ephemeral ports connections use.
@@ -177,12 +184,13 @@ mod tests {
     #[test]
     fn parses_tcp_ext_counters() {
         let text = "TcpExt: SyncookiesSent ListenOverflows ListenDrops\nTcpExt: 0 7 9\nIpExt: InNoRoutes\nIpExt: 3\n";
-        let c = parse_netstat(text, "TcpExt:");
-        assert_eq!(c["ListenOverflows"], 7);
-        assert_eq!(c["ListenDrops"], 9);
-        assert_eq!(c.len(), 3);
-        assert!(parse_netstat("garbage", "TcpExt:").is_empty());
-        assert!(tcp_ext_counters().contains_key("ListenOverflows"));
+        let names = ["ListenDrops", "ListenOverflows", "TCPTimeWaitOverflow"];
+        assert_eq!(
+            parse_netstat(text, "TcpExt:", names),
+            [Some(9), Some(7), None]
+        );
+        assert_eq!(parse_netstat("garbage", "TcpExt:", names), [None; 3]);
+        assert!(tcp_ext_counters(["ListenOverflows"])[0].is_some());
         let (lo, hi) = local_port_range().unwrap();
         assert!(lo < hi);
     }

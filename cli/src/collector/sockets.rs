@@ -122,16 +122,17 @@ impl Sockets {
             .into_iter()
             .filter_map(|pid| Some((pid, table.get(pid)?.role())))
             .collect();
-        let c = procfs::tcp_ext_counters();
-        let get = |name: &str| c.get(name).copied().unwrap_or(0);
+        let [listen_overflows, listen_drops, time_wait_overflows] =
+            procfs::tcp_ext_counters(["ListenOverflows", "ListenDrops", "TCPTimeWaitOverflow"])
+                .map(|c| c.unwrap_or(0));
         Ok(SocketSnapshot {
             links,
             walk,
             roles,
             counters: KernelCounters {
-                listen_overflows: get("ListenOverflows"),
-                listen_drops: get("ListenDrops"),
-                time_wait_overflows: get("TCPTimeWaitOverflow"),
+                listen_overflows,
+                listen_drops,
+                time_wait_overflows,
             },
             ephemeral_ports: procfs::local_port_range()
                 .map(|(lo, hi)| u32::from(hi.saturating_sub(lo)) + 1),
