@@ -63,8 +63,37 @@ stats! {
     TcpStateNested = 12,
 }
 
-/// Entries in the per-CPU counter array: one per [`Stat`].
+/// How many counters there are: one per [`Stat`].
 pub const STAT_COUNT: u32 = Stat::ALL.len() as u32;
+
+/// Every counter, indexed by [`Stat`]: the STATS map's one per-CPU value,
+/// so userspace reads them all in one lookup each interval (one per counter
+/// before).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub by_stat: [u64; STAT_COUNT as usize],
+}
+
+crate::assert_layout!(Counters, 8 * STAT_COUNT as usize, { by_stat: 0 });
+
+impl Counters {
+    pub fn get(&self, stat: Stat) -> u64 {
+        self.by_stat[stat as usize]
+    }
+
+    /// Adds `other` counter by counter (per-CPU values into a total).
+    pub fn add(&mut self, other: &Counters) {
+        for (sum, n) in self.by_stat.iter_mut().zip(other.by_stat) {
+            *sum = sum.wrapping_add(n);
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod user {
+    unsafe impl aya::Pod for super::Counters {}
+}
 
 // The counters index an array: each one's index is its place in the list,
 // so none is out of the array or shares a slot.
@@ -89,5 +118,16 @@ mod tests {
         assert_eq!(Stat::ALL.first(), Some(&Stat::AcceptSlotShared));
         assert_eq!(Stat::ALL.last(), Some(&Stat::TcpStateNested));
         assert!(Stat::ALL.iter().all(|&s| (s as u32) < STAT_COUNT));
+    }
+
+    #[test]
+    fn counters_add_up_by_stat() {
+        let mut sum = Counters::default();
+        let mut cpu = Counters::default();
+        cpu.by_stat[Stat::LostExit as usize] = 2;
+        sum.add(&cpu);
+        sum.add(&cpu);
+        assert_eq!(sum.get(Stat::LostExit), 4);
+        assert_eq!(sum.get(Stat::HistFull), 0);
     }
 }

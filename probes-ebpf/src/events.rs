@@ -7,22 +7,24 @@ use aya_ebpf::{
 };
 use probes_common::{
     event::{EVENTS_RING_BYTES, EVENTS_WAKEUP_BYTES},
-    stats::{STAT_COUNT, Stat},
+    stats::{Counters, Stat},
 };
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
 #[map]
-static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+static STATS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(1, 0);
 
 pub fn count(stat: Stat) {
-    if let Some(slot) = STATS.get_ptr_mut(stat as u32) {
-        // SAFETY: the pointer is this CPU's copy of an array value, which
+    if let Some(counters) = STATS.get_ptr_mut(0) {
+        // SAFETY: the pointer is this CPU's copy of the array's value, which
         // lives as long as the map. The probes do not nest on one CPU (the
         // kernel skips a program that would, counting a recursion miss), so
         // nothing else writes it meanwhile: no atomics needed.
-        unsafe { *slot += 1 };
+        if let Some(n) = unsafe { (*counters).by_stat.get_mut(stat as usize) } {
+            *n += 1;
+        }
     }
 }
 

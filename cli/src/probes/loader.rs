@@ -14,7 +14,7 @@ use aya::{
 use probes_common::{
     MAX_SLOTS, SLOT_MASK_GLOBAL, TASK_COMM_LEN,
     event::EVENTS_MAP,
-    stats::{STATS_MAP, Stat},
+    stats::{Counters, STATS_MAP, Stat},
     watch::WatchReason,
 };
 
@@ -258,41 +258,46 @@ impl Probes {
         self.hists.drain(&mut self.ebpf, live, f)
     }
 
-    /// A kernel counter, summed over the CPUs.
-    fn stat(&self, stat: Stat) -> Result<u64> {
+    /// The kernel's counters, summed over the CPUs.
+    fn counters(&self) -> Result<Counters> {
         let map = self
             .ebpf
             .map(STATS_MAP)
             .context("the probes lack the STATS map")?;
-        let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(map)?;
-        Ok(stats.get(&(stat as u32), 0)?.iter().sum())
+        let stats: PerCpuArray<_, Counters> = PerCpuArray::try_from(map)?;
+        let mut sum = Counters::default();
+        for cpu in stats.get(&0, 0)?.iter() {
+            sum.add(cpu);
+        }
+        Ok(sum)
     }
 
     pub fn drops(&self) -> Result<Drops> {
-        let read = |stat: Stat| self.stat(stat);
+        let counters = self.counters()?;
+        let read = |stat: Stat| counters.get(stat);
         Ok(Drops {
             lost: RingLost {
-                spawn: read(Stat::LostSpawn)?,
-                exec: read(Stat::LostExec)?,
-                exit: read(Stat::LostExit)?,
-                tcp_state: read(Stat::LostTcpState)?,
+                spawn: read(Stat::LostSpawn),
+                exec: read(Stat::LostExec),
+                exit: read(Stat::LostExit),
+                tcp_state: read(Stat::LostTcpState),
             },
-            skipped: self.skipped_runs()?,
-            hist_full: read(Stat::HistFull)?,
-            accept_slot_shared: read(Stat::AcceptSlotShared)?,
-            watch_out_of_range: read(Stat::WatchOutOfRange)?,
-            fork_slot_shared: read(Stat::ForkSlotShared)?,
-            listen_owners_full: read(Stat::ListenOwnersFull)?,
-            tracked_insert_failed: read(Stat::TrackedInsertFailed)?,
-            link_map_full: read(Stat::LinkMapFull)?,
-            time_wait_map_full: read(Stat::TimeWaitMapFull)?,
+            skipped: self.skipped_runs(&counters)?,
+            hist_full: read(Stat::HistFull),
+            accept_slot_shared: read(Stat::AcceptSlotShared),
+            watch_out_of_range: read(Stat::WatchOutOfRange),
+            fork_slot_shared: read(Stat::ForkSlotShared),
+            listen_owners_full: read(Stat::ListenOwnersFull),
+            tracked_insert_failed: read(Stat::TrackedInsertFailed),
+            link_map_full: read(Stat::LinkMapFull),
+            time_wait_map_full: read(Stat::TimeWaitMapFull),
         })
     }
 
     /// Runs each program missed because a BPF program was already running
     /// on that CPU: the kernel's `recursion_misses` (5.12+; older kernels
     /// do not say, and it reads 0).
-    fn skipped_runs(&self) -> Result<LostEvents> {
+    fn skipped_runs(&self, counters: &Counters) -> Result<LostEvents> {
         let mut skipped = LostEvents::default();
         for (name, program) in self.loaded_programs() {
             let misses = prog_info::run_stats(program.fd()?.as_fd())
@@ -307,7 +312,7 @@ impl Probes {
         }
         // The state probe's nested copy handled the changes its first copy
         // was skipped for (its own misses are changes the first handled).
-        let nested = self.stat(Stat::TcpStateNested)?;
+        let nested = counters.get(Stat::TcpStateNested);
         let state = skipped.of_kind(ProbeKind::TcpState);
         *state = state.saturating_sub(nested);
         Ok(skipped)
