@@ -170,15 +170,23 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     let client_role = name.as_str();
     server.wait_accepted(n);
     let to_server = format!("→ {}", server.tcp);
-    // Each socket enters TIME_WAIT just before its CLOSE change is reported:
-    // wait for both.
+    let server_side = format!("{} ← 127.0.0.1", server.tcp);
+    // Each socket enters TIME_WAIT just before its CLOSE change is reported,
+    // and the server's end closes only when the client's last ACK arrives,
+    // after that: wait for all three.
+    let closes = |s: &Session, owner: &str, peer: &str| -> u64 {
+        s.collector
+            .table()
+            .links
+            .iter()
+            .filter(|(k, _)| k.owner.as_deref() == Some(owner) && k.peer == peer)
+            .map(|(_, st)| st.closes.total)
+            .sum()
+    };
     observe_until(&mut s, |s| {
         link_time_wait(s, Some(client_role), &to_server) == n
-            && s.collector.table().links.iter().any(|(k, st)| {
-                k.owner.as_deref() == Some(client_role)
-                    && k.peer == to_server
-                    && st.closes.total == n
-            })
+            && closes(s, client_role, &to_server) == n
+            && closes(s, "stackprobe-loop", &server_side) == n
     });
 
     // What ss counts for that port pair: every TIME_WAIT socket towards the server.
@@ -206,7 +214,6 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
         s.collector.table().links.iter().collect::<Vec<_>>(),
         s.collector.probes().drops().unwrap()
     );
-    let server_side = format!("{} ← 127.0.0.1", server.tcp);
     assert_eq!(
         link_time_wait(&s, Some("stackprobe-loop"), &server_side),
         0,

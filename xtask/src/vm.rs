@@ -35,18 +35,6 @@ const PACKAGES: [&str; 5] = [
 /// (the rest drive terminals, real services or long soaks).
 pub const DEFAULT_TESTS: [&str; 3] = ["accept_probes", "fork_probes", "sock_probes"];
 
-/// Tests left out in the guests, not understood yet, so they run on the
-/// host only rather than fail CI by chance. The client-closes-first test
-/// lost a close 2 times in 70 runs in a 6.1 guest (the state probe's nested
-/// copy missed changes); after its fix 40 of 40 passed, then a CI run lost
-/// one passive close (6.1, 2026-12-03): still a hole under TCG. The
-/// ring-sized accept test's client once had a unix connection reset by the
-/// server (6.12 guest, 2026-12-03; never on the host).
-const SKIPPED_IN_GUESTS: [&str; 2] = [
-    "a_client_that_closes_first_owns_its_time_wait_sockets",
-    "more_accepts_than_the_ring_buffer_holds_are_all_counted_and_none_crosses_it",
-];
-
 /// A kernel of the matrix: how `--kernel` names it and which Debian package
 /// holds it.
 struct KernelSpec {
@@ -538,15 +526,11 @@ exec $B switch_root $R /bin/sh /vmshare/guest.sh
 fn guest_script(binaries: &[PathBuf], spec: &KernelSpec) -> String {
     let (fork_hooks, queue_hooks) = (spec.fork_hooks, spec.queue_hooks);
     let stackprobe = workspace_root().join("target/release/stackprobe");
-    let skips: String = SKIPPED_IN_GUESTS
-        .iter()
-        .map(|t| format!(" --skip {t}"))
-        .collect();
     let tests: String = binaries
         .iter()
         .map(|b| {
             format!(
-                "echo \"== test $(basename {0})\"; {0} --test-threads 1 --nocapture{skips} || rc=1\n",
+                "echo \"== test $(basename {0})\"; {0} --test-threads 1 --nocapture || rc=1\n",
                 b.display()
             )
         })

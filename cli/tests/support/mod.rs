@@ -170,7 +170,12 @@ impl Server {
     /// Starts `cmd`, which ends in `stackprobe-loopback serve …` (run
     /// through setpriv, say); the usual flags are appended.
     pub fn start_command(mut cmd: Command, unix: Option<&Path>) -> Self {
-        cmd.args(["--max-seconds", "120"]);
+        // Only a guard against a server outliving its test (Drop kills it):
+        // long enough for the slowest test in a TCG guest (the ring-sized
+        // accept test's ~90k connections take 30 s on the host, several
+        // times that in a guest, and a server ended by its alarm resets
+        // the connections still in its queue).
+        cmd.args(["--max-seconds", "900"]);
         if let Some(path) = unix {
             cmd.arg("--unix").arg(path);
         }
