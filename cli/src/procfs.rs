@@ -138,6 +138,14 @@ pub fn local_port_range() -> Option<(u16, u16)> {
 
 /// The largest pid plus one (`kernel.pid_max`); 2^22, the kernel's ceiling,
 /// if unreadable.
+/// The inode number of `pid`'s network namespace (`/proc/PID/ns/net`).
+pub fn netns(pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::metadata(format!("/proc/{pid}/ns/net"))
+        .ok()
+        .map(|m| m.ino() as u32)
+}
+
 pub fn pid_max() -> u32 {
     fs::read_to_string("/proc/sys/kernel/pid_max")
         .ok()

@@ -60,7 +60,8 @@ fn after_attaching_only_the_needed_capabilities_are_left_and_other_users_process
     for (name, mask) in &caps {
         let want = match name.as_str() {
             "CapInh" | "CapAmb" => 0,
-            _ => kept,
+            "CapEff" => kept,
+            _ => privileges::permitted_mask(),
         };
         assert_eq!(*mask, want, "{name} of a stackprobe thread: {caps:x?}");
     }

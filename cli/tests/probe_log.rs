@@ -70,7 +70,8 @@ fn log_probes_prints_the_listeners_the_kernel_attributes_connections_to() {
     for (set, mask) in capabilities(sp.child.id()) {
         let kept = match set.as_str() {
             "CapInh" | "CapAmb" => 0,
-            _ => privileges::kept_mask(),
+            "CapEff" => privileges::kept_mask(),
+            _ => privileges::permitted_mask(),
         };
         assert_eq!(mask, kept, "{set} of a stackprobe thread");
     }

@@ -284,7 +284,7 @@ fn connections_belong_to_the_process_that_accepts_them_not_the_listeners_holder(
     let port: u16 = server.tcp.rsplit(':').next().unwrap().parse().unwrap();
     s.collector
         .probes_mut()
-        .set_listen_owner(port, holder.pid)
+        .set_listen_owner(None, port, holder.pid)
         .unwrap();
 
     // One connection at a time: the first completes its handshake before

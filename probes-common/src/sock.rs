@@ -68,6 +68,22 @@ pub const SOCK_COMMON_MEMBERS: &[MemberOffset] = &sock_common_members!(crate::me
 /// must end inside the [`SOCK_WINDOW`].
 pub const SOCK_COMMON_SIZES: [u32; 8] = [4, 4, 2, 2, 2, 1, 16, 16];
 
+/// A socket's network namespace: the `struct net` pointer in its
+/// `sock_common` (read from the same copy, so it must lie inside the
+/// [`SOCK_WINDOW`]), then that namespace's inode number, the one
+/// `/proc/PID/ns/net` names. Sockets are keyed by it, so the same address
+/// in two namespaces (two containers' 127.0.0.1:5432) never mixes.
+#[macro_export]
+macro_rules! sock_net_members {
+    ($($then:ident)::+) => {
+        $($then)::+! {
+            SKC_NET: sock.__sk_common.skc_net.net,
+            NET_INUM: net.ns.inum,
+        }
+    };
+}
+pub const NET_MEMBERS: &[MemberOffset] = &sock_net_members!(crate::member_table);
+
 /// The other kernel struct members the iterator reads (listeners' backlog
 /// and inode), each at the offset in its global.
 #[macro_export]
@@ -136,9 +152,12 @@ pub struct TcpSocket {
     /// For LISTEN sockets: connections waiting to be accepted, and the limit.
     pub ack_backlog: u32,
     pub max_ack_backlog: u32,
+    /// The socket's network namespace (inode number).
+    pub netns: u32,
+    pub _pad2: u32,
 }
 
-crate::assert_layout!(TcpSocket, 56, {
+crate::assert_layout!(TcpSocket, 64, {
     family: 0,
     state: 2,
     _pad: 3,
@@ -149,6 +168,8 @@ crate::assert_layout!(TcpSocket, 56, {
     ino: 40,
     ack_backlog: 48,
     max_ack_backlog: 52,
+    netns: 56,
+    _pad2: 60,
 });
 
 #[cfg(feature = "user")]
@@ -174,7 +195,7 @@ pub const STATE_BTF_NESTED_PROGRAM: &str = "tcp_state_btf_nested";
 /// Map from a socket's address to its [`TrackedSocket`].
 pub const TRACKED_MAP: &str = "TRACKED";
 pub const TRACKED_MAX_ENTRIES: u32 = 65536;
-/// Map from a listening port to the watched process listening on it: the
+/// Map from a listening port (in its network namespace, [`listen_key`]) to the watched process listening on it: the
 /// owner of connections that arrive there (their handshake completes in
 /// softirq, where the current task is not the owner).
 pub const LISTEN_OWNERS_MAP: &str = "LISTEN_OWNERS";
@@ -273,9 +294,11 @@ pub struct LinkKey {
     pub addr: [u8; 16],
     /// Passive links: the remote address; zeros for active ones.
     pub peer_ip: [u8; 16],
+    /// The socket's network namespace (inode number).
+    pub netns: u32,
 }
 
-crate::assert_layout!(LinkKey, 44, {
+crate::assert_layout!(LinkKey, 48, {
     owner: 0,
     side: 4,
     _pad: 5,
@@ -284,6 +307,7 @@ crate::assert_layout!(LinkKey, 44, {
     _pad2: 10,
     addr: 12,
     peer_ip: 28,
+    netns: 44,
 });
 
 /// Counts since load, on one CPU.
@@ -324,15 +348,20 @@ pub struct Tuple {
     pub _pad: u16,
     pub laddr: [u8; 16],
     pub raddr: [u8; 16],
+    /// The network namespace (inode number).
+    pub netns: u32,
+    pub _pad2: u32,
 }
 
-crate::assert_layout!(Tuple, 40, {
+crate::assert_layout!(Tuple, 48, {
     family: 0,
     lport: 2,
     rport_be: 4,
     _pad: 6,
     laddr: 8,
     raddr: 24,
+    netns: 40,
+    _pad2: 44,
 });
 
 #[repr(C)]
@@ -359,6 +388,11 @@ pub struct ListenOwner {
 
 crate::assert_layout!(ListenOwner, 8, { owner: 0, accepted: 4 });
 
+/// [`LISTEN_OWNERS_MAP`]'s key: a port in a network namespace.
+pub const fn listen_key(netns: u32, port: u16) -> u64 {
+    (netns as u64) << 16 | port as u64
+}
+
 /// A listening socket of a watched process opened or closed: the rare TCP
 /// changes that still go through the ring buffer.
 #[repr(C)]
@@ -381,8 +415,8 @@ pub struct TcpStateEvent {
     pub _pad2: u16,
     pub laddr: [u8; 16],
     pub raddr: [u8; 16],
-    /// Explicit so `ts_ns` is 8-aligned with no implicit padding.
-    pub _pad3: u32,
+    /// The socket's network namespace (inode number).
+    pub netns: u32,
     pub ts_ns: u64,
     /// The owner's comm when `by_owner` (its own context), else zeros.
     pub comm: [u8; crate::TASK_COMM_LEN],
@@ -401,7 +435,7 @@ crate::assert_layout!(TcpStateEvent, 80, {
     _pad2: 18,
     laddr: 20,
     raddr: 36,
-    _pad3: 52,
+    netns: 52,
     ts_ns: 56,
     comm: 64,
 });

@@ -71,6 +71,7 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
         state: e.state,
         lport: e.lport,
         rport_be: e.rport_be,
+        netns: e.netns,
         ..TcpSocket::default()
     };
     if e.family == AF_INET6 {

@@ -13,7 +13,7 @@ use aya_ebpf::{
 use probes_common::{
     sock::{
         AF_INET6, Closer, LINKS_MAX_ENTRIES, LISTEN_OWNERS_MAX_ENTRIES, LinkCounts, LinkKey,
-        ListenOwner, SIDE_ACTIVE, SOCK_WINDOW, TW_COUNTS_MAX_ENTRIES, Tuple, TwCount,
+        ListenOwner, SIDE_ACTIVE, SOCK_WINDOW, TW_COUNTS_MAX_ENTRIES, Tuple, TwCount, listen_key,
     },
     stats::Stat,
 };
@@ -25,12 +25,13 @@ use crate::{
 };
 
 probes_common::sock_common_members!(offset_globals);
+probes_common::sock_net_members!(offset_globals);
 
-/// Map from a listening port to the watched process connections arriving
-/// there belong to (their handshake completes in softirq, where the current
+/// Map from a listening port in its network namespace ([`listen_key`]) to
+/// the watched process connections arriving there belong to (their handshake completes in softirq, where the current
 /// task is not the owner): a holder of the socket, then who accepts there.
 #[map]
-static LISTEN_OWNERS: HashMap<u32, ListenOwner> =
+static LISTEN_OWNERS: HashMap<u64, ListenOwner> =
     HashMap::with_max_entries(LISTEN_OWNERS_MAX_ENTRIES, 0);
 
 #[map]
@@ -69,6 +70,8 @@ pub struct Ends {
     /// IPv4 in the first 4 bytes, IPv6 in all 16.
     pub laddr: [u8; 16],
     pub raddr: [u8; 16],
+    /// The network namespace's inode number.
+    pub netns: u32,
 }
 
 /// The ends of the socket at `sk`, from one copy of its first bytes; None
@@ -91,7 +94,21 @@ pub fn read_ends(sk: u64) -> Option<Ends> {
         rport_be: at(w, &SKC_DPORT),
         laddr,
         raddr,
+        netns: netns_of(at(w, &SKC_NET)),
     })
+}
+
+/// The inode number of the network namespace at `net` (0 if unreadable).
+#[inline(always)]
+fn netns_of(net: u64) -> u32 {
+    read(net, &NET_INUM).unwrap_or(0)
+}
+
+/// The network namespace of the socket at `sk`, for the paths that read
+/// no ends (0 if unreadable).
+#[inline(always)]
+pub fn netns(sk: u64) -> u32 {
+    read::<u64>(sk, &SKC_NET).map_or(0, netns_of)
 }
 
 /// An IPv4 address in the first 4 bytes of 16, as whole words: a byte
@@ -120,6 +137,8 @@ impl Ends {
             _pad: 0,
             laddr: self.laddr,
             raddr: self.raddr,
+            netns: self.netns,
+            _pad2: 0,
         }
     }
 
@@ -140,6 +159,7 @@ impl Ends {
             _pad2: 0,
             addr: if active { self.raddr } else { self.laddr },
             peer_ip: if active { [0; 16] } else { self.raddr },
+            netns: self.netns,
         }
     }
 
@@ -156,20 +176,23 @@ impl Ends {
     }
 }
 
-/// The watched process connections arriving at `port` belong to, if any.
+/// The watched process connections arriving at `port` of namespace
+/// `netns` belong to, if any.
 #[inline(always)]
-pub fn listen_owner(port: u16) -> Option<u32> {
+pub fn listen_owner(netns: u32, port: u16) -> Option<u32> {
     // SAFETY: the map is preallocated (no BPF_F_NO_PREALLOC) and the value
     // copied out at once.
-    unsafe { LISTEN_OWNERS.get(u32::from(port)) }.map(|o| o.owner)
+    unsafe { LISTEN_OWNERS.get(listen_key(netns, port)) }.map(|o| o.owner)
 }
 
 #[inline(always)]
 /// Records `owner` as `port`'s listener (it just listened there); false
 /// (and counted) when the map had no room.
-pub fn set_listen_owner(port: u16, owner: u32) -> bool {
+pub fn set_listen_owner(netns: u32, port: u16, owner: u32) -> bool {
     let value = ListenOwner { owner, accepted: 0 };
-    let recorded = LISTEN_OWNERS.insert(u32::from(port), value, 0).is_ok();
+    let recorded = LISTEN_OWNERS
+        .insert(listen_key(netns, port), value, 0)
+        .is_ok();
     if !recorded {
         events::count(Stat::ListenOwnersFull);
     }
@@ -186,7 +209,7 @@ pub fn accepted(sk: u64, tgid: u32, is_watched: impl Fn(u32) -> bool) {
     let Some(port) = read::<u16>(sk, &SKC_NUM) else {
         return;
     };
-    let Some(entry) = LISTEN_OWNERS.get_ptr_mut(u32::from(port)) else {
+    let Some(entry) = LISTEN_OWNERS.get_ptr_mut(listen_key(netns(sk), port)) else {
         return;
     };
     // SAFETY: a value of a preallocated map, written whole u32 by u32; a
@@ -200,9 +223,9 @@ pub fn accepted(sk: u64, tgid: u32, is_watched: impl Fn(u32) -> bool) {
 }
 
 #[inline(always)]
-pub fn forget_listener(port: u16) {
+pub fn forget_listener(netns: u32, port: u16) {
     // A missing key is no failure: userspace may never have told it.
-    let _ = LISTEN_OWNERS.remove(u32::from(port));
+    let _ = LISTEN_OWNERS.remove(listen_key(netns, port));
 }
 
 /// Adds to `key`'s counts on this CPU: in place when the key exists, one
@@ -271,8 +294,10 @@ pub fn note_closer(tuple: &Tuple, closer: Closer) {
 pub fn count_time_wait(e: &Ends, generation: u64) {
     let key = match closers::find(&e.tuple()) {
         Some(c) => e.link(c.owner, c.side),
-        None if listen_owner(e.lport).is_some() => e.link(0, probes_common::sock::SIDE_PASSIVE),
-        None if listen_owner(u16::from_be(e.rport_be)).is_some() && e.remote_is_here() => {
+        None if listen_owner(e.netns, e.lport).is_some() => {
+            e.link(0, probes_common::sock::SIDE_PASSIVE)
+        }
+        None if listen_owner(e.netns, u16::from_be(e.rport_be)).is_some() && e.remote_is_here() => {
             e.link(0, SIDE_ACTIVE)
         }
         None => return,

@@ -251,7 +251,7 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
             let owner = if in_owner {
                 tgid
             } else {
-                match tcp_links::listen_owner(ends.lport) {
+                match tcp_links::listen_owner(ends.netns, ends.lport) {
                     Some(owner) => owner,
                     None => return,
                 }
@@ -260,7 +260,8 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
                 return;
             }
             let passive = !in_owner
-                || (new != TCP_SYN_SENT && tcp_links::listen_owner(ends.lport) == Some(tgid));
+                || (new != TCP_SYN_SENT
+                    && tcp_links::listen_owner(ends.netns, ends.lport) == Some(tgid));
             TrackedSocket {
                 owner,
                 closer: 0,
@@ -363,13 +364,13 @@ fn listener(
 ) {
     if new == TCP_CLOSE {
         tracked::remove(sk);
-        tcp_links::forget_listener(e.lport);
+        tcp_links::forget_listener(e.netns, e.lport);
     } else {
         if untracked {
             tracked::insert(sk, &entry);
         }
         if new == TCP_LISTEN {
-            if tcp_links::set_listen_owner(e.lport, entry.owner) {
+            if tcp_links::set_listen_owner(e.netns, e.lport, entry.owner) {
                 debug!(
                     &(),
                     "port {} listened on by {}: connections arriving there are its",
@@ -400,7 +401,7 @@ fn listener(
         _pad2: 0,
         laddr: e.laddr,
         raddr: e.raddr,
-        _pad3: 0,
+        netns: e.netns,
         ts_ns: now(),
         comm: if by_owner {
             bpf_get_current_comm().unwrap_or([0; 16])

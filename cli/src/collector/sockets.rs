@@ -20,9 +20,9 @@ use crate::{
     model::{
         links::{KernelCounters, SocketSnapshot, Walk},
         process::ProcessTable,
-        sockets::{TcpSock, TcpState},
+        sockets::{Netns, TcpSock, TcpState},
     },
-    probes::Probes,
+    probes::{Probes, decode},
     procfs,
 };
 
@@ -82,8 +82,10 @@ pub struct Sockets {
     /// Watched pids whose fds were read for the inodes that are still
     /// unowned.
     scanned: HashSet<u32>,
-    /// What the kernel was told: port → owner.
-    told: HashMap<u16, u32>,
+    /// What the kernel was told: port (in its namespace) → owner.
+    told: HashMap<(Netns, u16), u32>,
+    /// Watched pid → the network namespace it lives in (read once).
+    netns_of: HashMap<u32, Option<u32>>,
     walks: Walks,
 }
 
@@ -100,7 +102,8 @@ impl Sockets {
         let links = probes.tcp_links()?;
         let walk = if self.walks.due(force_walk, started) {
             self.walks.generation = self.walks.generation.wrapping_add(1).max(1);
-            let walked = probes.tcp_walk(self.walks.generation)?;
+            let elsewhere = self.other_namespaces(table);
+            let walked = probes.tcp_walk(self.walks.generation, &elsewhere)?;
             // The iterator's time is what recurs; reading /proc for a new
             // listener's owner happens once.
             self.walks.walked(started, started.elapsed());
@@ -141,6 +144,31 @@ impl Sockets {
         })
     }
 
+    /// The network namespaces watched processes live in besides
+    /// stackprobe's own (a container's): each with a process living there,
+    /// which the walk enters it through.
+    fn other_namespaces(&mut self, table: &ProcessTable) -> Vec<(u32, u32)> {
+        let watched: HashSet<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
+        self.netns_of.retain(|pid, _| watched.contains(pid));
+        let home = decode::home_netns();
+        let mut found: HashMap<u32, u32> = HashMap::new();
+        for &pid in &watched {
+            let netns = *self
+                .netns_of
+                .entry(pid)
+                .or_insert_with(|| procfs::netns(pid));
+            if let Some(n) = netns.filter(|&n| n != home) {
+                found
+                    .entry(n)
+                    .and_modify(|p| *p = (*p).min(pid))
+                    .or_insert(pid);
+            }
+        }
+        let mut elsewhere: Vec<(u32, u32)> = found.into_iter().collect();
+        elsewhere.sort_unstable();
+        elsewhere
+    }
+
     /// Which watched process owns each listening port; told to the kernel
     /// when it changes.
     fn listen_owners(
@@ -148,18 +176,18 @@ impl Sockets {
         probes: &mut Probes,
         table: &ProcessTable,
         listeners: &[TcpSock],
-    ) -> Result<HashMap<u16, u32>> {
-        let listening: HashMap<u64, u16> = listeners
+    ) -> Result<HashMap<(Netns, u16), u32>> {
+        let listening: HashMap<u64, (Netns, u16)> = listeners
             .iter()
             .filter(|s| s.state == TcpState::Listen && s.ino != 0)
-            .map(|s| (s.ino, s.local.port()))
+            .map(|s| (s.ino, (s.netns, s.local.port())))
             .collect();
         let mut pids: Vec<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
         pids.sort_unstable();
         let parent_of = |pid: u32| table.get(pid).and_then(|p| p.parent.as_ref()).map(|p| p.0);
         self.find_owners(&listening, &pids, procfs::socket_inodes, parent_of);
-        let mut owners: HashMap<u16, u32> = HashMap::new();
-        let mut seeds: HashMap<u16, u32> = HashMap::new();
+        let mut owners: HashMap<(Netns, u16), u32> = HashMap::new();
+        let mut seeds: HashMap<(Netns, u16), u32> = HashMap::new();
         for (ino, owner) in &self.owner_of {
             if let (Some(pid), Some(&port)) = (owner, listening.get(ino)) {
                 owners
@@ -173,10 +201,10 @@ impl Sockets {
                     .or_insert(seed);
             }
         }
-        for (&port, &seed) in &seeds {
-            if self.told.get(&port) != Some(&seed) {
-                probes.set_listen_owner(port, seed)?;
-                self.told.insert(port, seed);
+        for (&(netns, port), &seed) in &seeds {
+            if self.told.get(&(netns, port)) != Some(&seed) {
+                probes.set_listen_owner(netns, port, seed)?;
+                self.told.insert((netns, port), seed);
             }
         }
         Ok(owners)
@@ -185,9 +213,9 @@ impl Sockets {
     /// Brings `owner_of` up to date for the listening sockets now, reading
     /// as few processes' fds as that needs; `pids` are the watched
     /// processes, lowest first.
-    fn find_owners(
+    fn find_owners<V>(
         &mut self,
-        listening: &HashMap<u64, u16>,
+        listening: &HashMap<u64, V>,
         pids: &[u32],
         socket_inodes: impl Fn(u32) -> Vec<u64>,
         parent_of: impl Fn(u32) -> Option<u32>,

@@ -47,6 +47,7 @@ pub struct TcpStateSample {
     pub by_owner: bool,
     pub local: SocketAddr,
     pub remote: SocketAddr,
+    pub netns: super::sockets::Netns,
     pub ts_ns: u64,
 }
 

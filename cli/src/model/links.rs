@@ -21,7 +21,7 @@ use rustc_hash::FxHashMap;
 
 use super::{
     counter::Counter,
-    sockets::{TcpSock, TcpState},
+    sockets::{Netns, TcpSock, TcpState, netns_suffix},
 };
 
 /// At most this many link rows; further links merge into one per process.
@@ -62,13 +62,15 @@ pub struct Peer {
     pub addr: SocketAddr,
     /// Passive links: the remote address.
     pub peer_ip: Option<IpAddr>,
+    pub netns: Netns,
 }
 
 impl Peer {
     fn format(&self) -> String {
+        let ns = netns_suffix(self.netns);
         match (self.side, self.peer_ip) {
-            (Side::Passive, Some(ip)) => format!("{} ← {ip}", self.addr),
-            _ => format!("→ {}", self.addr),
+            (Side::Passive, Some(ip)) => format!("{} ← {ip}{ns}", self.addr),
+            _ => format!("→ {}{ns}", self.addr),
         }
     }
 }
@@ -182,6 +184,7 @@ impl LinkStats {
 pub struct Listener {
     pub owner: u32,
     pub local: SocketAddr,
+    pub netns: Netns,
     /// Connections established and waiting to be accepted, and the limit.
     pub backlog: u32,
     pub max_backlog: u32,
@@ -251,8 +254,9 @@ pub struct LinkTable {
 #[derive(Clone, Debug, Default)]
 pub struct Walk {
     pub listeners: Vec<TcpSock>,
-    /// Listening port → the watched process that owns the socket.
-    pub owners: HashMap<u16, u32>,
+    /// Listening port (in its namespace) → the watched process that owns
+    /// the socket.
+    pub owners: HashMap<(Netns, u16), u32>,
     /// TIME_WAIT sockets now per kernel link.
     pub time_wait: Vec<(KernelLink, u64)>,
     /// Sockets walked.
@@ -295,8 +299,9 @@ impl LinkTable {
                 .filter(|s| s.state == TcpState::Listen)
                 .filter_map(|s| {
                     Some(Listener {
-                        owner: *walk.owners.get(&s.local.port())?,
+                        owner: *walk.owners.get(&(s.netns, s.local.port()))?,
                         local: s.local,
+                        netns: s.netns,
                         backlog: s.backlog,
                         max_backlog: s.max_backlog,
                     })
@@ -548,6 +553,7 @@ mod tests {
                 side: Side::Active,
                 addr: addr(remote),
                 peer_ip: None,
+                netns: None,
             },
         }
     }
@@ -559,6 +565,7 @@ mod tests {
                 side: Side::Passive,
                 addr: addr(local),
                 peer_ip: Some(remote_ip.parse().unwrap()),
+                netns: None,
             },
         }
     }

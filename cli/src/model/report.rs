@@ -11,6 +11,7 @@ use super::{
     links::Side,
     probe_stats::{Drops, ProgramCost, RungInUse},
     process::{Activity, Metric, ProcessTable, Span},
+    sockets::netns_suffix,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -215,7 +216,11 @@ pub struct LinkRow {
 pub struct ListenerRow {
     pub pid: u32,
     pub process: Option<String>,
+    /// `127.0.0.1:5432`, or `127.0.0.1:5432 in net:[4026532301]` in another
+    /// network namespace than stackprobe's.
     pub address: String,
+    /// That namespace's inode number; None for stackprobe's own.
+    pub netns: Option<u32>,
     /// Connections established and waiting to be accepted now, and the limit.
     pub backlog: u32,
     pub max_backlog: u32,
@@ -419,7 +424,8 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
             .map(|l| ListenerRow {
                 pid: l.owner,
                 process: name(l.owner),
-                address: l.local.to_string(),
+                address: format!("{}{}", l.local, netns_suffix(l.netns)),
+                netns: l.netns,
                 backlog: l.backlog,
                 max_backlog: l.max_backlog,
             })
@@ -622,6 +628,7 @@ mod tests {
                 side: Side::Active,
                 addr: server,
                 peer_ip: None,
+                netns: None,
             },
         };
         let totals = LinkTotals {

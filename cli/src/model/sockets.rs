@@ -57,6 +57,17 @@ pub struct TcpSock {
     /// LISTEN sockets: connections waiting to be accepted, and the limit.
     pub backlog: u32,
     pub max_backlog: u32,
+    pub netns: Netns,
+}
+
+/// A socket's network namespace: None for stackprobe's own, else the
+/// inode number of another (a container's), as `/proc/PID/ns/net` names it.
+pub type Netns = Option<u32>;
+
+/// How a text names a namespace after an address: nothing for
+/// stackprobe's own.
+pub fn netns_suffix(netns: Netns) -> String {
+    netns.map_or_else(String::new, |n| format!(" in net:[{n}]"))
 }
 
 /// Builds an address from the kernel's bytes (IPv4 in the first 4).

@@ -11,11 +11,26 @@ use probes_common::{
     sock::{AF_INET6, LinkCounts, LinkKey, SIDE_ACTIVE, SIDE_PASSIVE, TcpSocket, TcpStateEvent},
 };
 
-use crate::model::{
-    event::{Event, ExecSample, ExitSample, SpawnSample, TaskKind, TcpStateSample},
-    links::{KernelLink, LinkTotals, Peer, Side},
-    sockets::{TcpSock, TcpState, address},
+use crate::{
+    model::{
+        event::{Event, ExecSample, ExitSample, SpawnSample, TaskKind, TcpStateSample},
+        links::{KernelLink, LinkTotals, Peer, Side},
+        sockets::{Netns, TcpSock, TcpState, address},
+    },
+    procfs,
 };
+
+/// stackprobe's own network namespace, read once (before any walk enters
+/// another).
+pub fn home_netns() -> u32 {
+    static HOME: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *HOME.get_or_init(|| procfs::netns(std::process::id()).unwrap_or(0))
+}
+
+/// A namespace the kernel names, in model terms: None for stackprobe's own.
+fn netns(inum: u32) -> Netns {
+    (inum != home_netns()).then_some(inum)
+}
 
 /// One ring buffer record; None for an unknown kind or a record whose size
 /// is not its kind's.
@@ -52,6 +67,7 @@ pub fn kernel_link(k: &LinkKey) -> Option<KernelLink> {
             side,
             addr: address(v6, k.addr, k.port),
             peer_ip: (side == Side::Passive).then(|| address(v6, k.peer_ip, 0).ip()),
+            netns: netns(k.netns),
         },
     })
 }
@@ -124,6 +140,7 @@ fn tcp_state(bytes: &[u8]) -> Option<TcpStateSample> {
         by_owner: e.by_owner != 0,
         local: address(v6, e.laddr, e.lport),
         remote: address(v6, e.raddr, e.rport),
+        netns: netns(e.netns),
         ts_ns: e.ts_ns,
     })
 }
@@ -137,6 +154,7 @@ fn tcp_socket(s: &TcpSocket) -> Option<TcpSock> {
         ino: s.ino,
         backlog: s.ack_backlog,
         max_backlog: s.max_ack_backlog,
+        netns: netns(s.netns),
     })
 }
 
@@ -250,7 +268,7 @@ mod tests {
             _pad2: 0,
             laddr,
             raddr,
-            _pad3: 0,
+            netns: home_netns(),
             ts_ns: 99,
             comm: [0; 16],
         };
@@ -264,6 +282,7 @@ mod tests {
                 by_owner: false,
                 local: "127.0.0.1:8080".parse().unwrap(),
                 remote: "10.0.0.2:51000".parse().unwrap(),
+                netns: None,
                 ts_ns: 99,
             }))
         );
@@ -301,6 +320,7 @@ mod tests {
             ino: 77,
             ack_backlog: 1,
             max_ack_backlog: 128,
+            netns: 4026532001,
             ..TcpSocket::default()
         };
         let unknown = TcpSocket {
@@ -319,6 +339,7 @@ mod tests {
                 ino: 77,
                 backlog: 1,
                 max_backlog: 128,
+                netns: Some(4026532001),
             }]
         );
     }

@@ -211,10 +211,12 @@ impl Probes {
         sock::snapshot(&mut self.ebpf)
     }
 
-    /// Walks every TCP socket, the kernel counting TIME_WAIT sockets per
-    /// link (walk number `generation`) and writing only listeners.
-    pub fn tcp_walk(&mut self, generation: u32) -> Result<sock::Walked> {
-        sock::walk(&mut self.ebpf, generation)
+    /// Walks every TCP socket of stackprobe's network namespace and of
+    /// the others in `elsewhere` ((inode number, a process there)), the
+    /// kernel counting TIME_WAIT sockets per link (walk number
+    /// `generation`) and writing only listeners.
+    pub fn tcp_walk(&mut self, generation: u32, elsewhere: &[(u32, u32)]) -> Result<sock::Walked> {
+        sock::walk(&mut self.ebpf, generation, elsewhere)
     }
 
     /// Every TCP link the kernel counts, with its totals since load.
@@ -234,9 +236,14 @@ impl Probes {
         sock::forget_links(&mut self.ebpf, links)
     }
 
-    /// Tells the kernel that `owner` listens on `port`.
-    pub fn set_listen_owner(&mut self, port: u16, owner: u32) -> Result<()> {
-        sock::set_listen_owner(&mut self.ebpf, port, owner)
+    /// Tells the kernel that `owner` listens on `port` in `netns`.
+    pub fn set_listen_owner(
+        &mut self,
+        netns: crate::model::sockets::Netns,
+        port: u16,
+        owner: u32,
+    ) -> Result<()> {
+        sock::set_listen_owner(&mut self.ebpf, netns, port, owner)
     }
 
     /// The ring buffer every probe writes to; can be taken once.

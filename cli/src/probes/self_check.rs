@@ -17,11 +17,8 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use aya::{
-    Ebpf,
-    maps::{HashMap, RingBuf},
-};
-use probes_common::{event::EVENTS_MAP, hist::HistMetric, sock::LISTEN_OWNERS_MAP};
+use aya::{Ebpf, maps::RingBuf};
+use probes_common::{event::EVENTS_MAP, hist::HistMetric};
 
 use super::{hist, sock, watch::WatchSet};
 use crate::model::sockets::TcpState;
@@ -31,17 +28,13 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
     let me = std::process::id();
     let listener = TcpListener::bind("127.0.0.1:0").context("self-check: binding a listener")?;
     let addr = listener.local_addr()?;
-    sock::set_listen_owner(ebpf, addr.port(), me)?;
+    sock::set_listen_owner(ebpf, None, addr.port(), me)?;
     watch_set.add(me)?;
     // Every socket is closed inside, while still watched, so the probes
     // forget them as they do any watched socket.
     let checked = connect_and_check(ebpf, listener, addr);
     watch_set.remove(me);
-    let mut owners: HashMap<_, u32, probes_common::sock::ListenOwner> = HashMap::try_from(
-        ebpf.map_mut(LISTEN_OWNERS_MAP)
-            .ok_or_else(|| anyhow!("the probes lack {LISTEN_OWNERS_MAP}"))?,
-    )?;
-    let _ = owners.remove(&u32::from(addr.port()));
+    sock::forget_listen_owner(ebpf, addr.port())?;
     // What the probes kept and sent of stackprobe's own sockets is not the
     // user's.
     let queue_waits = hist::take(ebpf, me, HistMetric::AcceptQueue)?;

@@ -14,21 +14,22 @@ use aya::{
 use probes_common::sock::{
     AF_INET, AF_INET6, CLOSE_MEMBERS, ITER_AGGREGATE, ITER_CONFIG_MAP, ITER_EVERY_SOCKET,
     ITER_MEMBERS, ITER_PROGRAM, IterConfig, LINKS_MAP, LISTEN_OWNERS_MAP, LinkCounts, LinkKey,
-    ListenOwner, PROTOCOL_MEMBER, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, SOCK_COMMON_MEMBERS,
-    SOCK_COMMON_SIZES, SOCK_WINDOW, STATE_BTF_EVENT, STATE_BTF_NESTED_PROGRAM, STATE_BTF_PROGRAM,
-    STATE_FIELD_SIZES, STATE_FIELDS, STATE_PROGRAM, TW_COUNTS_MAP, TwCount,
+    ListenOwner, NET_MEMBERS, PROTOCOL_MEMBER, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE,
+    SOCK_COMMON_MEMBERS, SOCK_COMMON_SIZES, SOCK_WINDOW, STATE_BTF_EVENT, STATE_BTF_NESTED_PROGRAM,
+    STATE_BTF_PROGRAM, STATE_FIELD_SIZES, STATE_FIELDS, STATE_PROGRAM, TW_COUNTS_MAP, TwCount,
+    listen_key,
 };
 
 use super::{
     attach::{Setup, attach_tracepoints, program},
     btf::KernelBtf,
-    decode,
+    decode, privileges,
     rungs::StateRung,
     tracefs::Tracefs,
 };
 use crate::model::{
     links::{KernelLink, LinkTotals, Side},
-    sockets::TcpSock,
+    sockets::{Netns, TcpSock},
 };
 
 pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
@@ -45,6 +46,16 @@ pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
             );
         }
     }
+    let net = btf.offsets(NET_MEMBERS)?;
+    if let Some((name, offset)) = net.first()
+        && *offset as usize + size_of::<u64>() > SOCK_WINDOW
+    {
+        bail!(
+            "{name} lies at byte {offset} of struct sock here, past the {SOCK_WINDOW} bytes \
+             stackprobe copies"
+        );
+    }
+    globals.extend(net);
     globals.extend(btf.offsets(CLOSE_MEMBERS)?);
     // Without it (a bitfield before 5.6) the tp_btf program is not used.
     globals.extend(btf.offsets(PROTOCOL_MEMBER).unwrap_or_default());
@@ -120,19 +131,32 @@ fn attach_btf_tracepoint(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
 /// Tells the kernel who owns a listening port, so connections arriving there
 /// (whose handshake completes in softirq) are attributed to it; unless the
 /// accept probe found who accepts there, which it keeps.
-pub fn set_listen_owner(ebpf: &mut Ebpf, port: u16, owner: u32) -> Result<()> {
-    let map = ebpf
-        .map_mut(LISTEN_OWNERS_MAP)
-        .context("the probes lack the LISTEN_OWNERS map")?;
-    let mut owners: HashMap<_, u32, ListenOwner> = HashMap::try_from(map)?;
-    match owners.get(&u32::from(port), 0) {
+pub fn set_listen_owner(ebpf: &mut Ebpf, netns: Netns, port: u16, owner: u32) -> Result<()> {
+    let key = listen_key(netns.unwrap_or_else(decode::home_netns), port);
+    let mut owners = listen_owners(ebpf)?;
+    match owners.get(&key, 0) {
         Ok(current) if current.owner == owner || current.accepted != 0 => Ok(()),
         Ok(_) | Err(MapError::KeyNotFound) => {
             let value = ListenOwner { owner, accepted: 0 };
-            Ok(owners.insert(u32::from(port), value, 0)?)
+            Ok(owners.insert(key, value, 0)?)
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Forgets who owns `port` in stackprobe's own namespace.
+pub fn forget_listen_owner(ebpf: &mut Ebpf, port: u16) -> Result<()> {
+    match listen_owners(ebpf)?.remove(&listen_key(decode::home_netns(), port)) {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn listen_owners(ebpf: &mut Ebpf) -> Result<HashMap<&mut aya::maps::MapData, u64, ListenOwner>> {
+    let map = ebpf
+        .map_mut(LISTEN_OWNERS_MAP)
+        .with_context(|| format!("the probes lack {LISTEN_OWNERS_MAP}"))?;
+    Ok(HashMap::try_from(map)?)
 }
 
 pub fn load(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
@@ -152,18 +176,68 @@ fn set_config(ebpf: &mut Ebpf, config: IterConfig) -> Result<()> {
     Ok(array.set(0, config, 0)?)
 }
 
-/// Runs the iterator once and returns what it wrote.
-fn run_iterator(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
+/// A new walk of the TCP sockets of the network namespace this thread is
+/// in (the kernel takes it when the file is made).
+fn iterator_file(ebpf: &mut Ebpf) -> Result<std::fs::File> {
     let iter: &mut Iter = ebpf
         .program_mut(ITER_PROGRAM)
         .context("the eBPF object has no TCP iterator")?
         .try_into()?;
     let link = iter.attach().context("attaching the TCP iterator")?;
-    let mut file = iter.take_link(link)?.into_file()?;
+    Ok(iter.take_link(link)?.into_file()?)
+}
+
+/// A walk of the namespace process `pid` lives in: this thread enters it
+/// for as long as the kernel takes to make the file, then comes back. The
+/// inner error says why that namespace cannot be walked; the outer one
+/// that this thread could not come back, which ends the run (staying
+/// there would make every later walk wrong).
+fn iterator_file_in(ebpf: &mut Ebpf, pid: u32) -> Result<Result<std::fs::File>> {
+    let home = std::fs::File::open("/proc/thread-self/ns/net")
+        .context("opening stackprobe's own network namespace")?;
+    let there = match std::fs::File::open(format!("/proc/{pid}/ns/net")) {
+        Ok(f) => f,
+        Err(e) => {
+            return Ok(Err(anyhow!(
+                "opening process {pid}'s network namespace: {e}"
+            )));
+        }
+    };
+    let mut entered = false;
+    let file = privileges::entering_namespaces(|| {
+        enter(&there).with_context(|| format!("entering process {pid}'s network namespace"))?;
+        entered = true;
+        let file = iterator_file(ebpf);
+        enter(&home).context("returning to stackprobe's own network namespace")?;
+        Ok(file)
+    });
+    match file {
+        Ok(file) => Ok(file),
+        Err(e) if entered => Err(e),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
+fn enter(ns: &std::fs::File) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a plain syscall on a namespace file we hold open.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// Reads a walk to its end.
+fn read_walk(mut file: std::fs::File) -> Result<Vec<TcpSock>> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .context("reading the TCP iterator")?;
     Ok(decode::tcp_sockets(&bytes))
+}
+
+/// Runs the iterator once in stackprobe's own namespace.
+fn run_iterator(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
+    read_walk(iterator_file(ebpf)?)
 }
 
 /// Every TCP socket on the machine now.
@@ -183,11 +257,15 @@ pub struct Walked {
     pub listeners: Vec<TcpSock>,
     pub time_wait: Vec<(KernelLink, u64)>,
     pub sockets: usize,
+    /// Namespaces that could not be walked, and why.
+    pub unwalked: Vec<(u32, String)>,
 }
 
-/// Walks every TCP socket, the kernel counting TIME_WAIT sockets per link
-/// and writing only listeners; `generation` numbers the walk.
-pub fn walk(ebpf: &mut Ebpf, generation: u32) -> Result<Walked> {
+/// Walks every TCP socket of stackprobe's network namespace and of each
+/// other one in `elsewhere` (its inode number, and a process living
+/// there), the kernel counting TIME_WAIT sockets per link and writing only
+/// listeners; `generation` numbers the walk.
+pub fn walk(ebpf: &mut Ebpf, generation: u32, elsewhere: &[(u32, u32)]) -> Result<Walked> {
     set_config(
         ebpf,
         IterConfig {
@@ -196,7 +274,14 @@ pub fn walk(ebpf: &mut Ebpf, generation: u32) -> Result<Walked> {
             walked: 0,
         },
     )?;
-    let listeners = run_iterator(ebpf)?;
+    let mut listeners = run_iterator(ebpf)?;
+    let mut unwalked = Vec::new();
+    for &(netns, pid) in elsewhere {
+        match iterator_file_in(ebpf, pid)? {
+            Ok(file) => listeners.extend(read_walk(file)?),
+            Err(e) => unwalked.push((netns, format!("{e:#}"))),
+        }
+    }
     let sockets = {
         let map = ebpf
             .map(ITER_CONFIG_MAP)
@@ -230,6 +315,7 @@ pub fn walk(ebpf: &mut Ebpf, generation: u32) -> Result<Walked> {
         listeners,
         time_wait,
         sockets,
+        unwalked,
     })
 }
 
@@ -300,6 +386,7 @@ fn link_key(link: &KernelLink) -> LinkKey {
         _pad2: 0,
         addr: bytes(p.addr.ip()),
         peer_ip: p.peer_ip.map_or([0; 16], bytes),
+        netns: p.netns.unwrap_or_else(decode::home_netns),
     }
 }
 
@@ -316,6 +403,7 @@ mod tests {
                     side: Side::Passive,
                     addr: "[::1]:80".parse().unwrap(),
                     peer_ip: Some("::1".parse().unwrap()),
+                    netns: None,
                 },
             },
             KernelLink {
@@ -324,6 +412,7 @@ mod tests {
                     side: Side::Active,
                     addr: "10.1.2.3:5432".parse().unwrap(),
                     peer_ip: None,
+                    netns: Some(4026532001),
                 },
             },
         ] {
