@@ -113,6 +113,7 @@ impl Sockets {
                 owners,
                 time_wait: walked.time_wait,
                 sockets: walked.sockets,
+                unwalked: walked.unwalked,
             })
         } else {
             None

@@ -179,6 +179,16 @@ impl LinkStats {
     }
 }
 
+/// A network namespace a watched process lives in that the walk could not
+/// enter: its sockets are not counted, which the report says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unwalked {
+    pub netns: u32,
+    /// The process the walk tried to enter it through.
+    pub pid: u32,
+    pub reason: String,
+}
+
 /// A listening socket of a watched process, from the last snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Listener {
@@ -245,6 +255,7 @@ pub struct LinkTable {
     /// Sockets the last snapshot walked, and how long taking it took
     /// (iterator, /proc scans and bookkeeping), in µs.
     last_snapshot: (usize, u64),
+    unwalked: Vec<Unwalked>,
     /// How old the last walk was at the last look.
     walk_age: std::time::Duration,
 }
@@ -261,6 +272,8 @@ pub struct Walk {
     pub time_wait: Vec<(KernelLink, u64)>,
     /// Sockets walked.
     pub sockets: usize,
+    /// Network namespaces of watched processes the walk could not enter.
+    pub unwalked: Vec<Unwalked>,
 }
 
 /// What one look at the kernel found: the links' running totals, maybe a
@@ -309,6 +322,7 @@ impl LinkTable {
                 .collect();
             self.set_time_wait(&walk.time_wait);
             self.last_snapshot = (walk.sockets, snapshot.took_us);
+            self.unwalked = walk.unwalked;
         }
         self.walk_age = snapshot.walk_age;
         self.set_counters(snapshot.counters);
@@ -392,6 +406,11 @@ impl LinkTable {
     /// Sockets in the last snapshot, and how long taking it took in µs.
     pub fn last_snapshot(&self) -> (usize, u64) {
         self.last_snapshot
+    }
+
+    /// Namespaces the last walk could not enter.
+    pub fn unwalked(&self) -> &[Unwalked] {
+        &self.unwalked
     }
 
     /// How old the TIME_WAIT counts and listeners were at the last look.

@@ -382,6 +382,12 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
             .then(b.opens.total.cmp(&a.opens.total))
             .then(a.link.cmp(&b.link))
     });
+    let unwalked = links.unwalked().iter().map(|u| {
+        format!(
+            "net:[{}] (process {}'s network namespace) could not be walked: {}; its listeners and TIME_WAIT sockets are not counted",
+            u.netns, u.pid, u.reason
+        )
+    });
     let warnings = rows
         .iter()
         .filter(|r| r.port_pressure.is_some_and(|x| x >= PORT_PRESSURE_WARNING))
@@ -395,6 +401,7 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
                 ports.unwrap_or(0)
             )
         })
+        .chain(unwalked)
         .collect();
     let kernel = links
         .counters()
@@ -668,6 +675,38 @@ mod tests {
             ),
             "{}",
             r.tcp.warnings[0]
+        );
+    }
+
+    #[test]
+    fn a_namespace_the_walk_could_not_enter_is_warned_about() {
+        use crate::model::links::{SocketSnapshot, Unwalked, Walk};
+        let mut t = ProcessTable::default();
+        t.links.observe_snapshot(SocketSnapshot {
+            walk: Some(Walk {
+                unwalked: vec![Unwalked {
+                    netns: 4026532301,
+                    pid: 42,
+                    reason: "CAP_SYS_ADMIN is not permitted".into(),
+                }],
+                ..Walk::default()
+            }),
+            ..Default::default()
+        });
+        let r = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        assert_eq!(
+            r.tcp.warnings,
+            [
+                "net:[4026532301] (process 42's network namespace) could not be walked: \
+              CAP_SYS_ADMIN is not permitted; its listeners and TIME_WAIT sockets are not \
+              counted"
+            ]
         );
     }
 

@@ -28,7 +28,7 @@ use super::{
     tracefs::Tracefs,
 };
 use crate::model::{
-    links::{KernelLink, LinkTotals, Side},
+    links::{KernelLink, LinkTotals, Side, Unwalked},
     sockets::{Netns, TcpSock},
 };
 
@@ -258,7 +258,7 @@ pub struct Walked {
     pub time_wait: Vec<(KernelLink, u64)>,
     pub sockets: usize,
     /// Namespaces that could not be walked, and why.
-    pub unwalked: Vec<(u32, String)>,
+    pub unwalked: Vec<Unwalked>,
 }
 
 /// Walks every TCP socket of stackprobe's network namespace and of each
@@ -279,7 +279,11 @@ pub fn walk(ebpf: &mut Ebpf, generation: u32, elsewhere: &[(u32, u32)]) -> Resul
     for &(netns, pid) in elsewhere {
         match iterator_file_in(ebpf, pid)? {
             Ok(file) => listeners.extend(read_walk(file)?),
-            Err(e) => unwalked.push((netns, format!("{e:#}"))),
+            Err(e) => unwalked.push(Unwalked {
+                netns,
+                pid,
+                reason: format!("{e:#}"),
+            }),
         }
     }
     let sockets = {

@@ -652,17 +652,19 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
 }
 
 fn render_insights(frame: &mut Frame, area: Rect, d: &Dashboard) {
-    let found = d
+    let (warnings, found) = d
         .report
         .as_ref()
-        .map(|r| r.insights.as_slice())
+        .map(|r| (r.tcp.warnings.as_slice(), r.insights.as_slice()))
         .unwrap_or_default();
-    let text: Vec<Line<'_>> = if found.is_empty() {
+    let text: Vec<Line<'_>> = if found.is_empty() && warnings.is_empty() {
         vec![Line::from("nothing to report yet")]
     } else {
-        found
-            .iter()
-            .map(|i| Line::from(Span::styled(format!("• {i}"), d.style(Color::Yellow))))
+        // Warnings first: what is not counted, or about to fail.
+        let warned = warnings.iter().map(|w| (w, Color::Red));
+        warned
+            .chain(found.iter().map(|i| (i, Color::Yellow)))
+            .map(|(i, color)| Line::from(Span::styled(format!("• {i}"), d.style(color))))
             .collect()
     };
     frame.render_widget(
