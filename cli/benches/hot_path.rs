@@ -86,6 +86,8 @@ fn live(pid: u32, name: &str, title: Option<&str>, parent: Option<u32>) -> LiveP
         name: name.into(),
         title: title.map(Into::into),
         parent: parent.map(|p| (p, name.into())),
+        container: None,
+        ns_pid: None,
     }
 }
 

@@ -12,6 +12,8 @@ pub struct ProcInfo {
     pub exe_basename: Option<String>,
     /// A zombie: exited, not yet reaped.
     pub zombie: bool,
+    /// Its pid in its own pid namespace, where that differs (a container's).
+    pub ns_pid: Option<u32>,
 }
 
 impl ProcInfo {
@@ -50,6 +52,7 @@ pub fn read(pid: u32) -> Option<ProcInfo> {
         comm,
         exe_basename,
         zombie,
+        ns_pid: parse_ns_pid(&status, pid),
     })
 }
 
@@ -167,6 +170,30 @@ fn parse_state(stat: &str) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
+/// The innermost pid of /proc/PID/status's `NSpid:` line (the pid as the
+/// process's own pid namespace sees it), where it is not `pid`.
+pub fn parse_ns_pid(status: &str, pid: u32) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let inner: u32 = line.split_whitespace().last()?.parse().ok()?;
+    (inner != pid).then_some(inner)
+}
+
+/// `pid`'s pid in its own pid namespace, where that differs.
+pub fn ns_pid(pid: u32) -> Option<u32> {
+    parse_ns_pid(
+        &fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        pid,
+    )
+}
+
+/// `pid`'s cgroup v2 path (the `0::` line of /proc/PID/cgroup).
+pub fn cgroup(pid: u32) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
 /// `(Tgid, PPid)` from /proc/PID/status.
 pub fn parse_status(status: &str) -> Option<(u32, u32)> {
     let field = |key: &str| {
@@ -187,6 +214,13 @@ mod tests {
         let status = "Name:\tpostgres\nUmask:\t0077\nState:\tS (sleeping)\nTgid:\t812\nNgid:\t0\nPid:\t813\nPPid:\t1\n";
         assert_eq!(parse_status(status), Some((812, 1)));
         assert_eq!(parse_status("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn parses_the_pid_inside_a_pid_namespace() {
+        assert_eq!(parse_ns_pid("Pid:\t5120\nNSpid:\t5120\t1\n", 5120), Some(1));
+        assert_eq!(parse_ns_pid("NSpid:\t812\n", 812), None);
+        assert_eq!(parse_ns_pid("Pid:\t812\n", 812), None);
     }
 
     #[test]

@@ -690,7 +690,7 @@ fn the_metrics_endpoint_serves_the_runs_histograms_as_openmetrics() {
         body.contains("# TYPE stackprobe_latency_seconds histogram"),
         "{body}"
     );
-    let labels = r#"role="stackprobe-loop",metric="accept"}"#;
+    let labels = r#"role="stackprobe-loop",container="",metric="accept"}"#;
     let count = format!("stackprobe_latency_seconds_count{{{labels}");
     assert_eq!(sample(&body, &count), Some(14.0), "{body}");
     let inf = format!("stackprobe_latency_seconds_bucket{{le=\"+Inf\",{labels}");

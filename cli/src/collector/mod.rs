@@ -6,6 +6,7 @@
 //! follow the watch set, look at the sockets, build the report, explain it —
 //! and hands the result to whoever asked, as a [`Frame`].
 
+mod containers;
 mod cost;
 mod sockets;
 mod watch_set;

@@ -10,8 +10,10 @@ use std::collections::{HashMap, HashSet, hash_map::Entry};
 
 use anyhow::Result;
 
+use super::containers::Containers;
 use crate::{
     model::{
+        containers::Container,
         process::{LiveProcess, ProcessTable},
         selector::Selector,
     },
@@ -24,11 +26,14 @@ pub struct WatchSet {
     /// Watched pids already read from /proc, with what was read.
     known: HashMap<u32, Known>,
     scanned: bool,
+    containers: Containers,
 }
 
 struct Known {
     name: String,
     parent: Option<(u32, String)>,
+    container: Option<Container>,
+    ns_pid: Option<u32>,
 }
 
 impl WatchSet {
@@ -65,9 +70,17 @@ impl WatchSet {
                     if !procfs::alive(pid) {
                         continue;
                     }
+                    // A child starts in its parent's cgroup and pid
+                    // namespace: only a container's child has a pid of its
+                    // own there to read.
+                    let parent = p.parent.as_ref().and_then(|(ppid, _)| table.get(*ppid));
                     slot.insert(Known {
                         name: p.name.clone(),
                         parent: p.parent.clone(),
+                        container: parent.and_then(|pp| pp.container.clone()),
+                        ns_pid: parent
+                            .filter(|pp| pp.ns_pid.is_some())
+                            .and_then(|_| procfs::ns_pid(pid)),
                     })
                 }
                 // Else the one time its /proc entry is read.
@@ -78,6 +91,8 @@ impl WatchSet {
                     slot.insert(Known {
                         parent: procfs::comm(p.ppid).map(|name| (p.ppid, name)),
                         name: p.comm,
+                        container: self.containers.of(pid),
+                        ns_pid: p.ns_pid,
                     })
                 }
             };
@@ -94,6 +109,8 @@ impl WatchSet {
                     _ => procfs::cmdline(pid),
                 },
                 parent: known.parent.clone(),
+                container: known.container.clone(),
+                ns_pid: known.ns_pid,
             });
         }
         Ok(live)
@@ -130,6 +147,8 @@ impl WatchSet {
                 Known {
                     name: p.comm.clone(),
                     parent: names.get(&p.ppid).map(|name| (p.ppid, name.to_string())),
+                    container: self.containers.of(p.pid),
+                    ns_pid: p.ns_pid,
                 },
             );
         }

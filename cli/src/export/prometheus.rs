@@ -22,9 +22,17 @@ use tokio::{
 };
 
 use crate::model::{
+    containers,
     process::{ProcessTable, Span},
     report::Report,
 };
+
+/// A role's labels: the role, and the container it runs in (empty on the
+/// host): one series per (container, role), as the views count them.
+fn role_labels(role: &str) -> [(&'static str, &str); 2] {
+    let (role, container) = containers::split_role(role);
+    [("role", role), ("container", container.unwrap_or(""))]
+}
 
 /// Bucket upper bounds: 2^k − 1 ns for k = 10..=36 (1 µs .. 69 s), so that
 /// "≤ le" is exact for HdrHistogram's counts.
@@ -116,7 +124,8 @@ impl Collector for Published {
             MetricType::Histogram,
         )?;
         for h in &s.histograms {
-            let labels = [("role", h.role.as_str()), ("metric", h.metric)];
+            let [role, container] = role_labels(&h.role);
+            let labels = [role, container, ("metric", h.metric)];
             family
                 .encode_family(&labels)?
                 .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
@@ -133,8 +142,7 @@ impl Collector for Published {
             MetricType::Gauge,
         )?;
         for (role, n) in &s.processes {
-            ConstGauge::new(*n as i64)
-                .encode(processes.encode_family(&[("role", role.as_str())])?)?;
+            ConstGauge::new(*n as i64).encode(processes.encode_family(&role_labels(role))?)?;
         }
         let mut tw = encoder.encode_descriptor(
             "stackprobe_time_wait_sockets",
@@ -143,7 +151,7 @@ impl Collector for Published {
             MetricType::Gauge,
         )?;
         for (role, n) in &s.time_wait {
-            ConstGauge::new(*n as i64).encode(tw.encode_family(&[("role", role.as_str())])?)?;
+            ConstGauge::new(*n as i64).encode(tw.encode_family(&role_labels(role))?)?;
         }
         let age = encoder.encode_descriptor(
             "stackprobe_time_wait_age_seconds",
@@ -247,6 +255,8 @@ mod tests {
             name: "nginx".into(),
             title: None,
             parent: None,
+            container: None,
+            ns_pid: None,
         }]);
         let samples = [1_023, 1_024, 5_000, 2_000_000];
         t.apply(&kernel_hist(1, "nginx", HistMetric::Accept, &samples));

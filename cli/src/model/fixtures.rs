@@ -16,6 +16,8 @@ pub fn live(pid: u32, name: &str) -> LiveProcess {
         name: name.into(),
         title: None,
         parent: None,
+        container: None,
+        ns_pid: None,
     }
 }
 

@@ -178,6 +178,8 @@ mod tests {
             name: name.into(),
             title: Some(title.into()),
             parent: parent.map(|p| (p, name.to_string())),
+            container: None,
+            ns_pid: None,
         }
     }
 

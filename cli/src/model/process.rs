@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 
 use super::{
+    containers::{self, Container},
     counter::Counter,
     event::{Event, ExecSample, ExitSample, HistDelta, HistMetric, SpawnSample, TaskKind},
     histogram::LatencyHistogram,
@@ -183,6 +184,11 @@ pub struct Process {
     pub forks_own_name: bool,
     /// In the kernel's watch set as of the last sync.
     pub watched: bool,
+    /// The container it runs in, if any: its role is counted per container.
+    pub container: Option<Container>,
+    /// Its pid inside its own pid namespace, where that differs (a
+    /// container's).
+    pub ns_pid: Option<u32>,
     /// Consecutive syncs that did not find it in /proc.
     missed_syncs: u8,
     pub activity: Activity,
@@ -198,18 +204,21 @@ impl Process {
             born_ns: None,
             forks_own_name: false,
             watched: true,
+            container: None,
+            ns_pid: None,
             missed_syncs: 0,
             activity: Activity::default(),
         }
     }
 
     pub fn role(&self) -> String {
-        roles::role(
+        let role = roles::role(
             &self.name,
             self.title.as_deref(),
             self.parent.as_ref().map(|(_, n)| n.as_str()),
             self.forks_own_name,
-        )
+        );
+        containers::role_in(role, self.container.as_ref())
     }
 
     /// Whether the role can still change: a php-fpm worker that has not
@@ -237,6 +246,8 @@ pub struct LiveProcess {
     pub name: String,
     pub title: Option<String>,
     pub parent: Option<(u32, String)>,
+    pub container: Option<Container>,
+    pub ns_pid: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -436,6 +447,8 @@ impl ProcessTable {
             if proc.parent.is_none() {
                 proc.parent.clone_from(&l.parent);
             }
+            proc.container.clone_from(&l.container);
+            proc.ns_pid = l.ns_pid;
         }
         // Masters that were already running: they have children of their name.
         let masters: Vec<u32> = self
@@ -559,6 +572,8 @@ mod tests {
             name: name.into(),
             title: None,
             parent: None,
+            container: None,
+            ns_pid: None,
         }
     }
 
@@ -768,6 +783,8 @@ mod tests {
                 name: "nginx".into(),
                 title: Some("nginx: worker process".into()),
                 parent: Some((1, "nginx".into())),
+                container: None,
+                ns_pid: None,
             },
         ]);
         assert_eq!(t.get(1).unwrap().role(), "nginx master");
@@ -794,6 +811,8 @@ mod tests {
                 name: "srv".into(),
                 title: None,
                 parent: Some((1, "srv".into())),
+                container: None,
+                ns_pid: None,
             },
         ]);
         t.apply(&spawn(1, 5, "srv", 1_000));
@@ -850,6 +869,8 @@ mod tests {
             name: "php-fpm8.2".into(),
             title: Some(title.into()),
             parent: parent.map(|p| (p, "php-fpm8.2".to_string())),
+            container: None,
+            ns_pid: None,
         }
     }
 

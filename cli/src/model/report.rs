@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{
+    containers::{self, Container},
     counter::Counter,
     histogram::{LatencyHistogram, Log2Bucket, Summary},
     links::Side,
@@ -82,7 +83,11 @@ pub struct CountRow {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct RoleRow {
+    /// The role, with its container's label in brackets for processes in
+    /// a container (roles are per container).
     pub role: String,
+    /// The container's name, else its short id; null outside containers.
+    pub container: Option<String>,
     /// Live processes in the role.
     pub processes: usize,
     /// Some of their pids (at most [`PIDS_SHOWN`]).
@@ -148,6 +153,10 @@ impl RoleRow {
 pub struct ProcessRow {
     pub process: String,
     pub pid: u32,
+    /// Its pid inside its container's pid namespace, where that differs.
+    pub ns_pid: Option<u32>,
+    /// The container it runs in (runtime, full id, name when known).
+    pub container: Option<Container>,
     pub role: String,
     pub metric: &'static str,
     /// Accepts per second over the period.
@@ -315,6 +324,8 @@ impl Report {
                 ProcessRow {
                     process: proc.name.clone(),
                     pid: proc.pid,
+                    ns_pid: proc.ns_pid,
+                    container: proc.container.clone(),
                     role: proc.role(),
                     metric: ACCEPT_METRIC,
                     rate_per_s: accept.rate_per_s,
@@ -453,6 +464,7 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
     let accepted = accept.latency.count + accept_untimed.count;
     let forks_per_accept = (accepted > 0).then(|| fork.latency.count as f64 / accepted as f64);
     RoleRow {
+        container: containers::split_role(&role).1.map(str::to_string),
         role,
         processes: pids.len(),
         pids: pids.iter().copied().take(PIDS_SHOWN).collect(),
@@ -495,18 +507,24 @@ mod tests {
                 name: "idle".into(),
                 title: None,
                 parent: None,
+                container: None,
+                ns_pid: None,
             },
             LiveProcess {
                 pid: 2,
                 name: "busy".into(),
                 title: None,
                 parent: None,
+                container: None,
+                ns_pid: None,
             },
             LiveProcess {
                 pid: 3,
                 name: "quiet".into(),
                 title: None,
                 parent: None,
+                container: None,
+                ns_pid: None,
             },
         ]);
         t.apply(&accepts(2, "busy", &[1000, 2000, 3000, 4000]));
@@ -582,6 +600,8 @@ mod tests {
             name: "srv".into(),
             title: None,
             parent: None,
+            container: None,
+            ns_pid: None,
         }]);
         for i in 0..10u32 {
             let child = 100 + i;

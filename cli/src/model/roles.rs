@@ -63,6 +63,7 @@ pub enum Kind {
 
 /// The kind of `role` (as [`role`] names it).
 pub fn kind(role: &str) -> Kind {
+    let role = super::containers::bare_role(role);
     let name = role.split(' ').next().unwrap_or(role);
     match strip_version(name) {
         _ if role.ends_with(" postmaster") => Kind::Postmaster,

@@ -82,6 +82,8 @@ impl Session {
                 name: p.comm,
                 title: None,
                 parent: None,
+                container: None,
+                ns_pid: p.ns_pid,
             })
             .collect();
         self.collector.table_mut().sync_watched(&live);

@@ -15,6 +15,7 @@ use ratatui::{
 };
 
 use crate::model::{
+    containers,
     histogram::{Summary, duration},
     report::{Report, RoleRow},
 };
@@ -372,9 +373,20 @@ fn render_overview(
             name.to_string()
         }
     };
+    // A container column only when some role runs in one; the role column
+    // then shows the role without its container.
+    let in_containers = lines.iter().any(|l| l.role.container.is_some());
+    let container_cells = |cell: String| -> Vec<String> {
+        if in_containers {
+            vec![cell]
+        } else {
+            Vec::new()
+        }
+    };
     // p50/p99 columns belong to the rate column on their left.
-    let header = Row::new(vec![
-        sort_mark(SortColumn::Role, "ROLE"),
+    let mut header = vec![sort_mark(SortColumn::Role, "ROLE")];
+    header.extend(container_cells("CONTAINER".into()));
+    header.extend([
         "PROC".into(),
         sort_mark(SortColumn::Accepts, "ACC/s"),
         "p50".into(),
@@ -385,8 +397,8 @@ fn render_overview(
         "ALIVE".into(),
         sort_mark(SortColumn::TimeWait, "TW"),
         "TW+/s".into(),
-    ])
-    .style(Style::default().add_modifier(Modifier::BOLD));
+    ]);
+    let header = Row::new(header).style(Style::default().add_modifier(Modifier::BOLD));
     let mut rows: Vec<Row<'_>> = Vec::new();
     let mut selected_row = 0;
     for (i, l) in lines.iter().enumerate() {
@@ -394,8 +406,15 @@ fn render_overview(
             selected_row = rows.len();
         }
         let r = l.role;
-        rows.push(Row::new(vec![
-            Cell::from(r.role.clone()),
+        let mut cells = if in_containers {
+            vec![
+                Cell::from(containers::bare_role(&r.role).to_string()),
+                Cell::from(r.container.clone().unwrap_or_default()),
+            ]
+        } else {
+            vec![Cell::from(r.role.clone())]
+        };
+        cells.extend([
             Cell::from(r.processes.to_string()),
             Cell::from(format!("{:.0}", r.accept.rate_per_s)),
             Cell::from(ns(r.accept.latency.p50_ns, r.accept.latency.count)),
@@ -418,7 +437,8 @@ fn render_overview(
                 100.0,
                 1000.0,
             )),
-        ]));
+        ]);
+        rows.push(Row::new(cells));
         // Expanded: one line per pid, with its own accept numbers when it
         // accepted anything.
         if d.expanded.contains(&r.role) {
@@ -436,10 +456,13 @@ fn render_overview(
                         ns(p.latency.p99_ns, p.latency.count),
                     )
                 });
-                rows.push(
-                    Row::new(vec![format!("  pid {pid}"), String::new(), rate, p50, p99])
-                        .style(d.style(Color::DarkGray)),
-                );
+                let inside = p
+                    .and_then(|p| p.ns_pid)
+                    .map_or_else(String::new, |n| format!(" ({n} inside)"));
+                let mut cells = vec![format!("  pid {pid}{inside}")];
+                cells.extend(container_cells(String::new()));
+                cells.extend([String::new(), rate, p50, p99]);
+                rows.push(Row::new(cells).style(d.style(Color::DarkGray)));
             }
             if r.processes > r.pids.len() {
                 rows.push(Row::new(vec![format!(
@@ -449,8 +472,11 @@ fn render_overview(
             }
         }
     }
-    let widths = [
-        Constraint::Min(12),
+    let mut widths = vec![Constraint::Min(12)];
+    if in_containers {
+        widths.push(Constraint::Length(12));
+    }
+    widths.extend([
         Constraint::Length(4),
         Constraint::Length(6),
         Constraint::Length(5),
@@ -461,7 +487,7 @@ fn render_overview(
         Constraint::Length(5),
         Constraint::Length(5),
         Constraint::Length(5),
-    ];
+    ]);
     let empty = if d.report.is_none() {
         "collecting…"
     } else {
