@@ -53,7 +53,7 @@ fn map_entries() -> Vec<(String, usize)> {
                     .map(|m| m.keys().count())
             }
             "LISTEN_OWNERS" => {
-                HashMap::<_, u32, probes_common::sock::ListenOwner>::try_from(Map::HashMap(data))
+                HashMap::<_, u64, probes_common::sock::ListenOwner>::try_from(Map::HashMap(data))
                     .map(|m| m.keys().count())
             }
             "HISTS" | "HISTS_SPARE" => {
