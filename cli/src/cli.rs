@@ -154,6 +154,18 @@ pub struct WatchArgs {
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
 
+    /// Watch everything in this running container (Docker, Podman,
+    /// containerd, CRI-O; by name, or id or id prefix), including what
+    /// starts there later; repeatable.
+    #[arg(long = "container", value_name = "NAME|ID")]
+    pub containers: Vec<String>,
+
+    /// Watch everything in this cgroup v2 and below it (a path from the
+    /// hierarchy's root, as /proc/PID/cgroup shows it, or a directory under
+    /// its mount), including what starts there later; repeatable.
+    #[arg(long = "cgroup", value_name = "PATH")]
+    pub cgroups: Vec<String>,
+
     /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
     #[arg(long, value_parser = parse_run_duration)]
     pub duration: Option<Duration>,

@@ -194,6 +194,21 @@ pub fn cgroup(pid: u32) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` beside v1 controllers).
+pub fn cgroup2_mount() -> Option<std::path::PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|l| {
+        let (mount, fs_type) = l.split_once(" - ")?;
+        fs_type.starts_with("cgroup2 ").then(|| {
+            mount
+                .split_whitespace()
+                .nth(4)
+                .map(std::path::PathBuf::from)
+        })?
+    })
+}
+
 /// `(Tgid, PPid)` from /proc/PID/status.
 pub fn parse_status(status: &str) -> Option<(u32, u32)> {
     let field = |key: &str| {

@@ -19,6 +19,12 @@ pub const WATCHED_MAX_CHUNKS: u32 = (1 << 22) / PIDS_PER_CHUNK as u32;
 pub const WATCHED_NAMES_MAP: &str = "WATCHED_NAMES";
 pub const WATCHED_NAMES_MAX_ENTRIES: u32 = 64;
 
+/// Map from a cgroup v2 id (its directory's inode number) to 1: a process
+/// that execs in a selected cgroup (`watch --cgroup`, `--container`) starts
+/// being watched, whatever its name.
+pub const WATCHED_CGROUPS_MAP: &str = "WATCHED_CGROUPS";
+pub const WATCHED_CGROUPS_MAX_ENTRIES: u32 = 1024;
+
 /// Global holding the offset of `child_pid` in `sched/sched_process_fork`.
 pub const FORK_CHILD_PID_OFFSET_GLOBAL: &str = "FORK_CHILD_PID_OFFSET";
 

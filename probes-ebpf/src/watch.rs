@@ -5,7 +5,7 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid},
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
@@ -15,7 +15,7 @@ use probes_common::{
     event::EventKind,
     lifecycle::{ExecEvent, ExitEvent, SpawnEvent},
     stats::Stat,
-    watch::{WATCHED_NAMES_MAX_ENTRIES, WatchReason, version_start},
+    watch::{WATCHED_CGROUPS_MAX_ENTRIES, WATCHED_NAMES_MAX_ENTRIES, WatchReason, version_start},
 };
 
 use crate::{
@@ -27,6 +27,10 @@ use crate::{
 #[map]
 static WATCHED_NAMES: HashMap<[u8; TASK_COMM_LEN], u32> =
     HashMap::with_max_entries(WATCHED_NAMES_MAX_ENTRIES, 0);
+
+#[map]
+static WATCHED_CGROUPS: HashMap<u64, u32> =
+    HashMap::with_max_entries(WATCHED_CGROUPS_MAX_ENTRIES, 0);
 
 /// Offset of `child_pid` in the `sched_process_fork` record, read from tracefs
 /// at load time (6.18 moved it).
@@ -79,7 +83,7 @@ pub fn watch_exec(_ctx: TracePointContext) -> u32 {
     if !is_watched(tgid) {
         let mut key = comm;
         let named = is_watched_name(&key) || (strip_version(&mut key) && is_watched_name(&key));
-        if !named {
+        if !named && !in_watched_cgroup() {
             return 0;
         }
         watch(tgid, WatchReason::Exec);
@@ -129,6 +133,15 @@ fn is_watched_name(comm: &[u8; TASK_COMM_LEN]) -> bool {
     // SAFETY: only whether the key is there is used, never the value the
     // reference points to (which userspace could change meanwhile).
     unsafe { WATCHED_NAMES.get(comm) }.is_some()
+}
+
+/// Whether the current task runs in a selected cgroup (its cgroup v2
+/// one). Asked only at the exec of an unwatched process with an unwatched
+/// name: rare enough for one lookup, selected cgroups or not.
+#[inline(always)]
+fn in_watched_cgroup() -> bool {
+    // SAFETY: as in `is_watched_name`.
+    unsafe { WATCHED_CGROUPS.get(bpf_get_current_cgroup_id()) }.is_some()
 }
 
 /// Cuts comm's trailing version (`php-fpm8.2` → `php-fpm`, see

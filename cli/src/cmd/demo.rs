@@ -108,6 +108,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
         WatchArgs {
             names: Vec::new(),
             pids: vec![forking.pid, pooled.pid],
+            containers: Vec::new(),
+            cgroups: Vec::new(),
             duration: None,
             output: args.output,
             listen: None,

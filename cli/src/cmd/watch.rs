@@ -16,7 +16,7 @@ use tokio::{
 
 use crate::{
     cli::WatchArgs,
-    collector::Collector,
+    collector::{Collector, cgroups, containers::Containers},
     model::selector::Selector,
     probes::{Options, privileges},
     sink::{
@@ -54,8 +54,26 @@ pub fn run_with(args: WatchArgs, control: Control) -> Result<()> {
     runtime.block_on(watch(args, control))
 }
 
+/// What the arguments select; containers and cgroups resolved to cgroup
+/// paths now (a container must be running).
+fn selector(args: &WatchArgs) -> Result<Selector> {
+    if args.containers.is_empty() && args.cgroups.is_empty() {
+        return Selector::new(args.names.clone(), args.pids.clone());
+    }
+    let mount = cgroups::mount()?;
+    let mut paths = Vec::new();
+    for arg in &args.cgroups {
+        paths.push(cgroups::resolve(&mount, arg)?);
+    }
+    let mut containers = Containers::default();
+    for wanted in &args.containers {
+        paths.extend(cgroups::of_container(&mut containers, wanted)?);
+    }
+    Selector::with_cgroups(args.names.clone(), args.pids.clone(), paths)
+}
+
 async fn watch(args: WatchArgs, control: Control) -> Result<()> {
-    let selector = Selector::new(args.names.clone(), args.pids.clone())?;
+    let selector = selector(&args)?;
     let names = selector.names().join(" or ");
     let mut collector = Collector::start(
         selector,

@@ -49,7 +49,13 @@ impl Containers {
 
     /// The container process `pid` runs in, named when the runtime says.
     pub fn of(&mut self, pid: u32) -> Option<Container> {
-        self.named(Container::from_cgroup(&procfs::cgroup(pid)?)?)
+        self.of_path(&procfs::cgroup(pid)?)
+    }
+
+    /// The container of a process in cgroup `path`, named when the runtime
+    /// says.
+    pub fn of_path(&mut self, path: &str) -> Option<Container> {
+        self.named(Container::from_cgroup(path)?)
     }
 
     fn named(&mut self, mut c: Container) -> Option<Container> {

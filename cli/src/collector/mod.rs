@@ -6,7 +6,8 @@
 //! follow the watch set, look at the sockets, build the report, explain it —
 //! and hands the result to whoever asked, as a [`Frame`].
 
-mod containers;
+pub mod cgroups;
+pub mod containers;
 mod cost;
 mod sockets;
 mod watch_set;
@@ -69,6 +70,9 @@ impl Collector {
         }
         let mut probes = Probes::load(options)?;
         probes.watch_names(&selector.kernel_comm_keys())?;
+        if !selector.cgroups().is_empty() {
+            probes.watch_cgroups(&cgroups::ids(&cgroups::mount()?, selector.cgroups()))?;
+        }
         for &pid in selector.pids() {
             probes.watch_pid(pid)?;
         }

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet, hash_map::Entry};
 
 use anyhow::Result;
 
-use super::containers::Containers;
+use super::{cgroups, containers::Containers};
 use crate::{
     model::{
         containers::Container,
@@ -53,6 +53,8 @@ impl WatchSet {
         if !self.scanned {
             self.scanned = true;
             self.scan(selector, probes)?;
+        } else if !selector.cgroups().is_empty() {
+            self.follow_cgroups(selector, probes)?;
         }
         let watched: Vec<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
         let current: HashSet<u32> = watched.iter().copied().collect();
@@ -116,13 +118,32 @@ impl WatchSet {
         Ok(live)
     }
 
+    /// Selected cgroups since the last look: sub-cgroups made meanwhile
+    /// (their execs are watched from now on), and processes moved into them
+    /// without an exec.
+    fn follow_cgroups(&mut self, selector: &Selector, probes: &mut Probes) -> Result<()> {
+        let mount = cgroups::mount()?;
+        probes.watch_cgroups(&cgroups::ids(&mount, selector.cgroups()))?;
+        let watched: HashSet<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
+        for pid in cgroups::processes(&mount, selector.cgroups()) {
+            if !watched.contains(&pid) {
+                probes.watch_pid(pid)?;
+            }
+        }
+        Ok(())
+    }
+
     /// What was running before the probes attached: processes selected by
-    /// name, and the descendants of watched processes.
+    /// name or cgroup, and the descendants of watched processes.
     fn scan(&mut self, selector: &Selector, probes: &mut Probes) -> Result<()> {
         let procs = procfs::processes();
         let mut watched: HashSet<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
+        let by_cgroup = !selector.cgroups().is_empty();
         for p in &procs {
-            if selector.matches_name(&p.comm, p.exe_basename.as_deref()) && watched.insert(p.pid) {
+            let selected = selector.matches_name(&p.comm, p.exe_basename.as_deref())
+                || (by_cgroup
+                    && procfs::cgroup(p.pid).is_some_and(|c| selector.matches_cgroup(&c)));
+            if selected && watched.insert(p.pid) {
                 probes.watch_pid(p.pid)?;
             }
         }

@@ -1,5 +1,6 @@
 //! Which processes `stackprobe watch` selects: by name (the process's comm or
-//! its executable's basename) or by pid. The kernel applies the same name rule
+//! its executable's basename), by pid, or by cgroup (everything in a cgroup
+//! v2 subtree: `--cgroup`, and `--container`, resolved to its cgroup). The kernel applies the same name rule
 //! at exec (probes-ebpf/src/watch.rs), on comm alone; the version rule both
 //! use is probes_common::watch::version_start.
 
@@ -13,12 +14,16 @@ pub const COMM_MAX: usize = 15;
 pub struct Selector {
     names: Vec<String>,
     pids: Vec<u32>,
+    /// cgroup v2 paths as /proc/PID/cgroup gives them (`/system.slice/x`).
+    cgroups: Vec<String>,
 }
 
 impl Selector {
     pub fn new(names: Vec<String>, pids: Vec<u32>) -> Result<Self> {
         if names.is_empty() && pids.is_empty() {
-            bail!("name at least one process to watch (NAME or --pid PID)");
+            bail!(
+                "name at least one process to watch (NAME, --pid PID, --container NAME|ID or --cgroup PATH)"
+            );
         }
         for name in &names {
             if name.is_empty() || name.contains(['/', '\0']) {
@@ -30,7 +35,46 @@ impl Selector {
         if let Some(pid) = pids.iter().find(|&&p| p == 0) {
             bail!("{pid} is not a process id");
         }
-        Ok(Self { names, pids })
+        Ok(Self {
+            names,
+            pids,
+            cgroups: Vec::new(),
+        })
+    }
+
+    /// Names, pids and cgroups (v2 paths from the hierarchy's root); at
+    /// least one of them.
+    pub fn with_cgroups(names: Vec<String>, pids: Vec<u32>, cgroups: Vec<String>) -> Result<Self> {
+        if cgroups.is_empty() {
+            return Self::new(names, pids);
+        }
+        if let Some(c) = cgroups.iter().find(|c| !c.starts_with('/')) {
+            bail!("{c:?} is not a cgroup path from the hierarchy's root");
+        }
+        // Names and pids are checked as `new` checks them, but none is needed.
+        let mut s = if names.is_empty() && pids.is_empty() {
+            Self::default()
+        } else {
+            Self::new(names, pids)?
+        };
+        s.cgroups = cgroups;
+        Ok(s)
+    }
+
+    pub fn cgroups(&self) -> &[String] {
+        &self.cgroups
+    }
+
+    /// Whether a process in cgroup `path` is selected: it lies in a selected
+    /// cgroup or below one.
+    pub fn matches_cgroup(&self, path: &str) -> bool {
+        self.cgroups.iter().any(|c| {
+            path == c
+                || c == "/"
+                || path
+                    .strip_prefix(c.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
     }
 
     pub fn names(&self) -> &[String] {
@@ -92,6 +136,19 @@ mod tests {
 
     fn sel(names: &[&str]) -> Selector {
         Selector::new(names.iter().map(|s| s.to_string()).collect(), vec![]).unwrap()
+    }
+
+    #[test]
+    fn a_cgroup_selects_its_subtree_only() {
+        let s =
+            Selector::with_cgroups(vec![], vec![], vec!["/system.slice/a.scope".into()]).unwrap();
+        assert!(s.matches_cgroup("/system.slice/a.scope"));
+        assert!(s.matches_cgroup("/system.slice/a.scope/init"));
+        assert!(!s.matches_cgroup("/system.slice/a.scope2"));
+        assert!(!s.matches_cgroup("/system.slice"));
+        assert!(!s.matches_name("a", None));
+        assert!(Selector::with_cgroups(vec![], vec![], vec!["x".into()]).is_err());
+        assert!(Selector::with_cgroups(vec![], vec![], vec![]).is_err());
     }
 
     #[test]

@@ -198,6 +198,12 @@ impl Probes {
         watch::add_names(&mut self.ebpf, keys)
     }
 
+    /// Watches what execs in these cgroups (v2 ids) from now on; returns
+    /// how many were new.
+    pub fn watch_cgroups(&mut self, ids: &[u64]) -> Result<usize> {
+        watch::add_cgroups(&mut self.ebpf, ids)
+    }
+
     pub fn watch_pid(&mut self, tgid: u32) -> Result<()> {
         self.watch_set.add(tgid)
     }

@@ -17,7 +17,8 @@ use probes_common::{
     TASK_COMM_LEN,
     watch::{
         EXEC_PROGRAM, EXIT_PROGRAM, FORK_CHILD_PID_OFFSET_GLOBAL, FORK_PROGRAM, PIDS_PER_CHUNK,
-        WATCHED_MAP, WATCHED_MAX_CHUNKS, WATCHED_NAMES_MAP, WatchReason,
+        WATCHED_CGROUPS_MAP, WATCHED_CGROUPS_MAX_ENTRIES, WATCHED_MAP, WATCHED_MAX_CHUNKS,
+        WATCHED_NAMES_MAP, WatchReason,
     },
 };
 
@@ -77,6 +78,28 @@ pub fn add_names(ebpf: &mut Ebpf, keys: &[[u8; TASK_COMM_LEN]]) -> Result<()> {
             .context("adding a name to the watch set")?;
     }
     Ok(())
+}
+
+/// Processes that exec in one of these cgroups (v2 ids) are watched from
+/// then on; returns how many of them were new to the map.
+pub fn add_cgroups(ebpf: &mut Ebpf, ids: &[u64]) -> Result<usize> {
+    let map = ebpf
+        .map_mut(WATCHED_CGROUPS_MAP)
+        .with_context(|| format!("the probes lack the {WATCHED_CGROUPS_MAP} map"))?;
+    let mut cgroups: HashMap<_, u64, u32> = HashMap::try_from(map)?;
+    let mut added = 0;
+    for id in ids {
+        if cgroups.get(id, 0).is_err() {
+            cgroups.insert(id, 1, 0).with_context(|| {
+                format!(
+                    "adding cgroup {id} to the watch set (at most {WATCHED_CGROUPS_MAX_ENTRIES} \
+                     cgroups)"
+                )
+            })?;
+            added += 1;
+        }
+    }
+    Ok(added)
 }
 
 /// The kernel's watch-set array, mapped into this process. The kernel and

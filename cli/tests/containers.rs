@@ -1,5 +1,7 @@
-//! Root only: servers in network namespaces the tests make themselves (as
-//! a container's are), their clients in there too, against `ss` run inside.
+//! Root only: servers in the namespaces and cgroups a container runtime
+//! makes, made here by the tests themselves: network namespaces (their
+//! clients in there too, against `ss` run inside), a cgroup v2 subtree named
+//! as Docker names a container's, and a pid namespace.
 
 mod support;
 
@@ -229,4 +231,182 @@ fn the_same_port_in_two_namespaces_is_two_listeners_with_their_own_counts() {
     assert_eq!(listeners, want);
     a.stop();
     b.stop();
+}
+
+/// A cgroup v2 directory named as Docker names a container's scope, under a
+/// parent of the test's own; both removed on drop.
+struct Cgroup {
+    parent: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    /// From the hierarchy's root, as /proc/PID/cgroup shows it.
+    path: String,
+    id: String,
+}
+
+impl Cgroup {
+    fn new() -> Self {
+        let mount = stackprobe::procfs::cgroup2_mount().expect("a cgroup v2 mount");
+        let id = format!("5eed{:060x}", std::process::id());
+        let slice = format!("sp-{}.slice", std::process::id());
+        let path = format!("/{slice}/docker-{id}.scope");
+        let parent = mount.join(&slice);
+        let dir = parent.join(format!("docker-{id}.scope"));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self {
+            parent,
+            dir,
+            path,
+            id,
+        }
+    }
+
+    /// `program args…` started inside: the shell moves itself in, then
+    /// execs it.
+    fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec \"$@\"",
+                self.dir.display()
+            ))
+            .arg("sh")
+            .arg(program)
+            .args(args);
+        cmd
+    }
+
+    fn procs(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Its processes were killed; their exits may still be under way.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir(&self.parent);
+    }
+}
+
+#[test]
+fn a_container_selected_by_its_cgroup_is_named_and_what_starts_there_later_is_watched() {
+    let _lock = probe_lock();
+    let cg = Cgroup::new();
+    let short = &cg.id[..12];
+    // A server in the container's cgroup and a pid namespace of its own,
+    // where it is pid 1 (unshare forks it and waits).
+    let mut server = Server::start_command(
+        cg.command(
+            "unshare",
+            &["--pid", "--fork", "--kill-child", LOOPBACK, "serve"],
+        ),
+        None,
+    );
+    let in_ns = cg
+        .procs()
+        .into_iter()
+        .find(|&p| p != server.pid)
+        .expect("the server forked by unshare");
+    // Outside the container: never watched.
+    let mut outside = Server::start(None);
+
+    // Reports far apart: what is counted before the first is what the
+    // kernel watched by itself, from the exec in the cgroup.
+    let mut sp = Running::start(&["watch", "--cgroup", &cg.path, "--json", "--interval", "20s"]);
+    sp.wait_stderr("probes attached");
+    server.accept_queued(9, false, "accept4");
+    outside.accept_queued(3, false, "accept4");
+    // Started in the container after stackprobe: watched from its exec.
+    let dir = TempDir::new("later");
+    let later_bin = dir.0.join("sp-later");
+    std::os::unix::fs::symlink(LOOPBACK, &later_bin).unwrap();
+    let mut later =
+        Server::start_command(cg.command(later_bin.to_str().unwrap(), &["serve"]), None);
+    later.accept_queued(4, false, "accept4");
+    sp.signal(libc::SIGINT);
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+    let summary = json_lines(&stdout).pop().unwrap();
+
+    let found = |pid: u32| {
+        row(&summary, pid)
+            .unwrap_or_else(|| panic!("no row for {pid}: {}", summary["processes"]))
+            .clone()
+    };
+    let s = found(in_ns);
+    assert_eq!(s["total"], 9, "{s}");
+    assert_eq!(s["ns_pid"], 1, "its pid in its pid namespace: {s}");
+    assert_eq!(
+        (&s["container"]["runtime"], s["container"]["id"].as_str()),
+        (&serde_json::json!("docker"), Some(cg.id.as_str())),
+        "{s}"
+    );
+    assert_eq!(s["role"], format!("stackprobe-loop [{short}]"));
+    let l = found(later.pid);
+    assert_eq!(l["total"], 4, "{l}");
+    assert_eq!(l["container"]["id"].as_str(), Some(cg.id.as_str()));
+    assert_eq!(l["ns_pid"], serde_json::Value::Null);
+    assert!(row(&summary, outside.pid).is_none(), "outside the cgroup");
+    let roles: Vec<_> = summary["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["container"] == short)
+        .map(|r| r["role"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        roles.contains(&format!("stackprobe-loop [{short}]"))
+            && roles.contains(&format!("sp-later [{short}]")),
+        "{roles:?}"
+    );
+
+    // By the container's short id: the same processes, and nothing else.
+    let out = Command::new(STACKPROBE)
+        .args(["watch", "--container", short, "--json", "--duration", "1s"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let summary = json_lines(&String::from_utf8_lossy(&out.stdout))
+        .pop()
+        .unwrap();
+    let watched: Vec<_> = summary["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["processes"].as_u64() > Some(0))
+        .map(|r| {
+            (
+                r["role"].as_str().unwrap().to_string(),
+                r["container"].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        watched.contains(&(format!("stackprobe-loop [{short}]"), short.into()))
+            && watched.contains(&(format!("sp-later [{short}]"), short.into()))
+            && watched.iter().all(|(_, c)| c == short),
+        "{watched:?}"
+    );
+    let out = Command::new(STACKPROBE)
+        .args(["watch", "--container", "no-such-container", "--json"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no running container no-such-container"),
+        "{err}"
+    );
+    later.stop();
+    server.stop();
+    outside.stop();
 }
