@@ -707,7 +707,10 @@ fn the_metrics_endpoint_serves_the_runs_histograms_as_openmetrics() {
     let sum = sample(&body, &format!("stackprobe_latency_seconds_sum{{{labels}")).unwrap();
     assert!(sum > 0.0 && sum < 14.0, "{sum}");
     assert_eq!(
-        sample(&body, "stackprobe_processes{role=\"stackprobe-loop\"}"),
+        sample(
+            &body,
+            "stackprobe_processes{role=\"stackprobe-loop\",container=\"\"}"
+        ),
         Some(1.0),
         "{body}"
     );

@@ -410,3 +410,48 @@ fn a_container_selected_by_its_cgroup_is_named_and_what_starts_there_later_is_wa
     server.stop();
     outside.stop();
 }
+
+#[test]
+fn a_namespace_stackprobe_may_not_enter_is_named_in_the_warnings_not_shown_empty() {
+    let _lock = probe_lock();
+    let ns = Netns::new("shut");
+    let mut server = ns.server("127.0.0.1:0");
+    let inum = ns.inum(server.pid);
+    // Without CAP_SYS_ADMIN stackprobe cannot mount tracefs either: mount
+    // it for the run (and unmount it after, if it was not).
+    let tracefs = std::path::Path::new("/sys/kernel/tracing");
+    let mounted = tracefs.join("events").exists();
+    if !mounted {
+        run(
+            "mount",
+            &["-t", "tracefs", "tracefs", "/sys/kernel/tracing"],
+        );
+    }
+    let out = Command::new("setpriv")
+        .args(["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"])
+        .args([STACKPROBE, "watch", "--pid", &server.pid.to_string()])
+        .args(["--json", "--duration", "1s"])
+        .output()
+        .unwrap();
+    if !mounted {
+        run("umount", &["/sys/kernel/tracing"]);
+    }
+    assert!(out.status.success(), "{out:?}");
+    let summary = json_lines(&String::from_utf8_lossy(&out.stdout))
+        .pop()
+        .unwrap();
+    let warnings = summary["tcp"]["warnings"].as_array().unwrap();
+    let want = format!(
+        "net:[{inum}] (process {}'s network namespace) could not be walked: CAP_SYS_ADMIN",
+        server.pid
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().starts_with(&want)),
+        "{warnings:?}"
+    );
+    assert_eq!(summary["tcp"]["listeners"], serde_json::json!([]));
+    server.send("exit");
+    server.stop();
+}
