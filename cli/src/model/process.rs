@@ -322,6 +322,9 @@ impl ProcessTable {
         let parent = self.entry(s.parent_tgid, &s.comm);
         let parent_name = parent.name.clone();
         parent.forks_own_name |= parent_name == s.comm;
+        // A child starts in its parent's container (its cgroup), so its
+        // role is the container's from its first event.
+        let container = parent.container.clone();
         match self.procs.get(&s.child) {
             // /proc showed the child before its spawn event was drained:
             // the same process.
@@ -333,6 +336,7 @@ impl ProcessTable {
         let child = self.entry(s.child, &s.comm);
         child.parent = Some((s.parent_tgid, parent_name));
         child.born_ns = Some(s.ts_ns);
+        child.container = container;
     }
 
     fn record_exec(&mut self, s: &ExecSample) {

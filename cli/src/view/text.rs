@@ -59,9 +59,18 @@ pub fn render(report: &Report) -> String {
         out.push_str("per process:\n");
     }
     for p in &report.processes {
+        // `postgres[5120 (1 inside) in db]`: the host's pid, then the
+        // container's view.
+        let inside = p
+            .ns_pid
+            .map_or_else(String::new, |n| format!(" ({n} inside)"));
+        let container = p
+            .container
+            .as_ref()
+            .map_or_else(String::new, |c| format!(" in {}", c.label()));
         let _ = writeln!(
             out,
-            "{}[{}]  accepts {} ({:.1}/s)  total {}",
+            "{}[{}{inside}{container}]  accepts {} ({:.1}/s)  total {}",
             p.process, p.pid, p.latency.count, p.rate_per_s, p.total
         );
         if p.latency.count > 0 {
@@ -352,6 +361,41 @@ mod tests {
             Duration::from_secs(3),
             drops,
         )
+    }
+
+    #[test]
+    fn a_process_in_a_container_is_named_with_its_container_and_its_pid_inside() {
+        let mut t = ProcessTable::default();
+        let id = "4f2a9c1be07d5e3c8a6b2f1d0e9c7b5a3f1e2d4c6b8a0f9e7d5c3b1a29384756";
+        let mut p = live(5120, "postgres");
+        p.container = crate::model::containers::Container::from_cgroup(&format!("/docker/{id}"));
+        p.ns_pid = Some(1);
+        t.sync_watched(&[p]);
+        fork_per_connection(&mut t, 5120, "postgres", &[2_000], 100_000, 0, 0);
+        let text = render(&Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        ));
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("postgres postmaster [4f2a9c1be07d] (1 process: 5120)")),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("postgres[5120 (1 inside) in 4f2a9c1be07d]  accepts 1")),
+            "{text}"
+        );
+        // Its backend, known only from its spawn event so far, is the
+        // container's from the start.
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("postgres backend [4f2a9c1be07d] (1 process: 100)")),
+            "{text}"
+        );
     }
 
     #[test]
