@@ -331,38 +331,12 @@ crate::assert_layout!(LinkCounts, 32, {
     new_time_wait: 24,
 });
 
-/// Map from a TIME_WAIT socket's 4-tuple to who closed first. A timewait
-/// socket is a new object: its 4-tuple (the same `sock_common` members) is
-/// what the iterator can find it by.
+/// Table from a TIME_WAIT socket's connection (4-tuple and network
+/// namespace, hashed) to who closed first. A timewait socket is a new
+/// object: its ends (the same `sock_common` members) are what the iterator
+/// can find it by.
 pub const TW_CLOSERS_MAP: &str = "TW_CLOSERS";
 pub const TW_CLOSERS_MAX_ENTRIES: u32 = 262_144;
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tuple {
-    pub family: u16,
-    /// Host byte order.
-    pub lport: u16,
-    /// Network byte order (as the kernel keeps it).
-    pub rport_be: u16,
-    pub _pad: u16,
-    pub laddr: [u8; 16],
-    pub raddr: [u8; 16],
-    /// The network namespace (inode number).
-    pub netns: u32,
-    pub _pad2: u32,
-}
-
-crate::assert_layout!(Tuple, 48, {
-    family: 0,
-    lport: 2,
-    rport_be: 4,
-    _pad: 6,
-    laddr: 8,
-    raddr: 24,
-    netns: 40,
-    _pad2: 44,
-});
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -17,7 +17,7 @@
 //! socket a walk counts.
 
 use aya_ebpf::{macros::map, maps::Array};
-use probes_common::sock::{Closer, TW_CLOSERS_MAX_ENTRIES, Tuple};
+use probes_common::sock::{Closer, TW_CLOSERS_MAX_ENTRIES};
 
 use crate::clock::now;
 
@@ -55,21 +55,21 @@ const _: () = assert!(size_of::<Slot>() == 16);
 #[map]
 static TW_CLOSERS: Array<Slot> = Array::with_max_entries(TW_CLOSERS_MAX_ENTRIES, 0);
 
-const ENDS_WORDS: usize = size_of::<Tuple>() / 8;
-const _: () = assert!(size_of::<Tuple>() == ENDS_WORDS * 8);
-
-/// The ends' 64-bit hash, word by word (a multiplicative mix).
+/// One word into a connection's 64-bit hash (a multiplicative mix); the
+/// caller folds the connection's words through it (tcp_links, which knows
+/// them).
 #[inline(always)]
-fn hash(tuple: &Tuple) -> u64 {
-    // SAFETY: Tuple is repr(C) with no gaps (asserted in probes-common), so
-    // all its bytes are initialised; any bytes are valid u64s.
-    let words = unsafe { core::mem::transmute::<Tuple, [u64; ENDS_WORDS]>(*tuple) };
-    let mut h: u64 = 0;
-    for w in words {
-        h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-    }
-    h.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+pub fn mix(h: u64, w: u64) -> u64 {
+    (h ^ w).wrapping_mul(GOLDEN).rotate_left(29)
 }
+
+/// The hash after its last word: its top bits pick the set.
+#[inline(always)]
+pub fn finish(h: u64) -> u64 {
+    h.wrapping_mul(GOLDEN)
+}
+
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// The first slot of the ends' set (from the hash's top bits; the tag
 /// compares all of them).
@@ -104,8 +104,7 @@ fn slot(i: u32) -> Option<*mut Slot> {
 /// way, and false says a closer may be lost (that socket then counts under
 /// an unknown closer).
 #[inline(always)]
-pub fn note(tuple: &Tuple, closer: Closer) -> bool {
-    let hash = hash(tuple);
+pub fn note(hash: u64, closer: Closer) -> bool {
     let first = set(hash);
     let now = stamp(now());
     // The slot to write and the age of the note it holds (0: none).
@@ -161,8 +160,7 @@ pub fn note(tuple: &Tuple, closer: Closer) -> bool {
 /// Who closed the socket with these ends first, if noted within a
 /// timewait socket's life.
 #[inline(always)]
-pub fn find(tuple: &Tuple) -> Option<Closer> {
-    let hash = hash(tuple);
+pub fn find(hash: u64) -> Option<Closer> {
     let first = set(hash);
     let now = stamp(now());
     // Some(answer) once a slot settles it.

@@ -50,7 +50,7 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
     let Some(config) = ITER_CONFIG.get_ptr_mut(0) else {
         return 0;
     };
-    let Some(e) = tcp_links::read_ends(sk) else {
+    let Some(e) = tcp_links::read_keyed_ends(sk) else {
         return 0;
     };
     // SAFETY: the array's only value, which lives as long as the map; one

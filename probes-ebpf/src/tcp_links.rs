@@ -13,7 +13,7 @@ use aya_ebpf::{
 use probes_common::{
     sock::{
         AF_INET6, Closer, LINKS_MAX_ENTRIES, LISTEN_OWNERS_MAX_ENTRIES, LinkCounts, LinkKey,
-        ListenOwner, SIDE_ACTIVE, SOCK_WINDOW, TW_COUNTS_MAX_ENTRIES, Tuple, TwCount, listen_key,
+        ListenOwner, SIDE_ACTIVE, SOCK_WINDOW, TW_COUNTS_MAX_ENTRIES, TwCount, listen_key,
     },
     stats::Stat,
 };
@@ -94,21 +94,26 @@ pub fn read_ends(sk: u64) -> Option<Ends> {
         rport_be: at(w, &SKC_DPORT),
         laddr,
         raddr,
-        netns: netns_of(at(w, &SKC_NET)),
+        netns: 0,
     })
 }
 
-/// The inode number of the network namespace at `net` (0 if unreadable).
+/// The ends of the socket at `sk` with its network namespace: what keys
+/// it ([`read_ends`], then [`netns`]).
 #[inline(always)]
-fn netns_of(net: u64) -> u32 {
-    read(net, &NET_INUM).unwrap_or(0)
+pub fn read_keyed_ends(sk: u64) -> Option<Ends> {
+    let mut ends = read_ends(sk)?;
+    ends.netns = netns(sk);
+    Some(ends)
 }
 
-/// The network namespace of the socket at `sk`, for the paths that read
-/// no ends (0 if unreadable).
-#[inline(always)]
+/// The inode number of the socket at `sk`'s network namespace (0 if
+/// unreadable). Not inlined, and not read inside [`read_ends`]: its reads'
+/// spills would push the state probe's stack past what 6.1's verifier
+/// allows (512 bytes over the call chain).
+#[inline(never)]
 pub fn netns(sk: u64) -> u32 {
-    read::<u64>(sk, &SKC_NET).map_or(0, netns_of)
+    read::<u64>(sk, &SKC_NET).map_or(0, |net| read(net, &NET_INUM).unwrap_or(0))
 }
 
 /// An IPv4 address in the first 4 bytes of 16, as whole words: a byte
@@ -128,18 +133,24 @@ pub fn read<T: Bits>(base: u64, offset: &Global<u32>) -> Option<T> {
 }
 
 impl Ends {
+    /// What names the connection, whatever its state (a timewait socket has
+    /// the same), as one hash: its family, ports, addresses and namespace.
     #[inline(always)]
-    pub fn tuple(&self) -> Tuple {
-        Tuple {
-            family: self.family,
-            lport: self.lport,
-            rport_be: self.rport_be,
-            _pad: 0,
-            laddr: self.laddr,
-            raddr: self.raddr,
-            netns: self.netns,
-            _pad2: 0,
-        }
+    pub fn connection_hash(&self) -> u64 {
+        let word = |b: &[u8; 16], i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        };
+        let ports =
+            u64::from(self.family) | u64::from(self.lport) << 16 | u64::from(self.rport_be) << 32;
+        let mut h = closers::mix(0, ports);
+        h = closers::mix(h, u64::from(self.netns));
+        h = closers::mix(h, word(&self.laddr, 0));
+        h = closers::mix(h, word(&self.laddr, 1));
+        h = closers::mix(h, word(&self.raddr, 0));
+        h = closers::mix(h, word(&self.raddr, 1));
+        closers::finish(h)
     }
 
     /// The link `owner`'s socket is on, from its side.
@@ -277,11 +288,17 @@ fn add_to(counts: *mut LinkCounts, delta: &LinkCounts) {
     }
 }
 
-/// Notes who closed the socket with these ends first: its timewait socket,
-/// which has the same ends, is theirs.
-#[inline(always)]
-pub fn note_closer(tuple: &Tuple, closer: Closer) {
-    if !closers::note(tuple, closer) {
+/// Notes who closed the socket with these ends first (`owner`, from its
+/// `side`): its timewait socket, which has the same ends, is theirs. Not
+/// inlined, to keep the state probe's own stack small.
+#[inline(never)]
+pub fn note_closer(e: &Ends, owner: u32, side: u8) {
+    let closer = Closer {
+        owner,
+        side,
+        _pad: [0; 3],
+    };
+    if !closers::note(e.connection_hash(), closer) {
         events::count(Stat::TimeWaitMapFull);
     }
 }
@@ -292,7 +309,7 @@ pub fn note_closer(tuple: &Tuple, closer: Closer) {
 /// not ours.
 #[inline(always)]
 pub fn count_time_wait(e: &Ends, generation: u64) {
-    let key = match closers::find(&e.tuple()) {
+    let key = match closers::find(e.connection_hash()) {
         Some(c) => e.link(c.owner, c.side),
         None if listen_owner(e.netns, e.lport).is_some() => {
             e.link(0, probes_common::sock::SIDE_PASSIVE)

@@ -18,7 +18,7 @@ use aya_log_ebpf::debug;
 use probes_common::{
     event::EventKind,
     sock::{
-        Closer, LinkCounts, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT,
+        LinkCounts, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT,
         TCP_CLOSING, TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_LAST_ACK, TCP_LISTEN,
         TCP_SYN_RECV, TCP_SYN_SENT, TcpStateEvent, TrackedSocket,
     },
@@ -240,7 +240,7 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         }
         return;
     }
-    let Some(mut ends) = tcp_links::read_ends(sk) else {
+    let Some(mut ends) = tcp_links::read_keyed_ends(sk) else {
         return;
     };
     let mut entry = match tracked {
@@ -318,14 +318,7 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
                     },
                 );
             }
-            tcp_links::note_closer(
-                &ends.tuple(),
-                Closer {
-                    owner: entry.closer,
-                    side: entry.side,
-                    _pad: [0; 3],
-                },
-            );
+            tcp_links::note_closer(&ends, entry.closer, entry.side);
         }
         if tracked.is_some() {
             tracked::remove(sk);
@@ -385,14 +378,28 @@ fn listener(
             }
         }
     }
+    report_listener(
+        e,
+        entry.owner,
+        u32::from(old) << 8 | u32::from(new) | u32::from(by_owner) << 16,
+    );
+}
+
+/// Sends a listener's change to userspace: `change` is `old << 8 | new`,
+/// bit 16 set when the owner's own syscall made it. Not inlined: the record
+/// is built on the stack, which the state probe's own frame has no room
+/// for on 6.1 (512 bytes over the call chain).
+#[inline(never)]
+fn report_listener(e: &Ends, owner: u32, change: u32) {
+    let by_owner = change >> 16 & 1 != 0;
     let Some(mut slot) = events::reserve::<TcpStateEvent>(Stat::LostTcpState) else {
         return;
     };
     slot.write(TcpStateEvent {
         kind: EventKind::TcpState as u32,
-        owner: entry.owner,
-        oldstate: old,
-        newstate: new,
+        owner,
+        oldstate: (change >> 8) as u8,
+        newstate: change as u8,
         by_owner: by_owner as u8,
         _pad: 0,
         family: e.family,
