@@ -19,6 +19,9 @@ pub struct Cli {
 pub enum Command {
     /// Attach the probes and report per watched process, each interval and at exit.
     Watch(WatchArgs),
+    /// Run headless for days, serving Prometheus metrics (`watch` with no
+    /// dashboard and no reports; logs to stderr, the journal under systemd).
+    Agent(AgentArgs),
     /// Percentiles and histograms from a recording made with `watch --record`.
     Report(ReportArgs),
     /// Two recordings side by side: rates and percentiles before and after.
@@ -142,8 +145,9 @@ pub enum ReportFormat {
     Csv,
 }
 
-#[derive(Debug, Args)]
-pub struct WatchArgs {
+/// Which processes to watch (at least one of them).
+#[derive(Debug, Args, Default)]
+pub struct Selection {
     /// Process names to watch: a process's comm or its executable's basename
     /// (a trailing version is ignored: `php-fpm` finds `php-fpm8.2`).
     /// Processes that start later, and children of watched processes, are watched too.
@@ -165,6 +169,12 @@ pub struct WatchArgs {
     /// its mount), including what starts there later; repeatable.
     #[arg(long = "cgroup", value_name = "PATH")]
     pub cgroups: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub select: Selection,
 
     /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
     #[arg(long, value_parser = parse_run_duration)]
@@ -210,6 +220,49 @@ pub struct WatchArgs {
     /// RUST_LOG=probes::sock=debug). Best with --no-tui or --json.
     #[arg(long)]
     pub log_probes: bool,
+
+    /// No reports on stdout, no dashboard: `stackprobe agent`.
+    #[arg(skip)]
+    pub headless: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub select: Selection,
+
+    /// Serve Prometheus / OpenMetrics metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    pub listen: std::net::SocketAddr,
+
+    /// How often the metrics are brought up to date (as often as
+    /// Prometheus scrapes is enough).
+    #[arg(long, default_value = "15s", value_parser = parse_positive_duration)]
+    pub interval: Duration,
+}
+
+impl AgentArgs {
+    /// `watch` with no dashboard and no reports, serving metrics until
+    /// SIGTERM or SIGINT.
+    pub fn into_watch(self) -> WatchArgs {
+        WatchArgs {
+            select: self.select,
+            duration: None,
+            output: Output {
+                interval: self.interval,
+                json: false,
+                no_tui: true,
+            },
+            listen: Some(self.listen),
+            record: None,
+            force: false,
+            probe_cost: false,
+            fork_hook: None,
+            queue_hook: None,
+            log_probes: false,
+            headless: true,
+        }
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -269,8 +322,8 @@ mod tests {
         let Command::Watch(w) = cli.command else {
             panic!("parsed as another command");
         };
-        assert_eq!(w.names, ["nginx", "postgres"]);
-        assert_eq!(w.pids, [42]);
+        assert_eq!(w.select.names, ["nginx", "postgres"]);
+        assert_eq!(w.select.pids, [42]);
         assert_eq!(w.duration, Some(Duration::from_secs(10)));
         assert_eq!(w.output.interval, Duration::from_millis(500));
         assert!(w.output.json);

@@ -7,6 +7,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Watch(args) => stackprobe::cmd::watch::run(args),
+        Command::Agent(args) => stackprobe::cmd::watch::run(args.into_watch()),
         Command::Report(args) => stackprobe::cmd::report::run(args),
         Command::Diff(args) => stackprobe::cmd::diff::run(args),
         Command::Doctor => stackprobe::cmd::doctor::run(),

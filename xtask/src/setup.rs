@@ -20,7 +20,13 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// "not root" test, ss (iproute2) checks TIME_WAIT counts, tmux drives the
 /// dashboard in a real terminal, fonts-dejavu-core gives `report --plot` a
 /// font to draw labels with.
-const APT_PACKAGES: [&str; 4] = ["util-linux", "iproute2", "tmux", "fonts-dejavu-core"];
+const APT_PACKAGES: [&str; 5] = [
+    "util-linux",
+    "iproute2",
+    "tmux",
+    "fonts-dejavu-core",
+    "prometheus",
+];
 
 /// Where bpf-linker lives; cli/build.rs looks here too. It must persist: its
 /// path to libLLVM is baked into the binary's rpath.

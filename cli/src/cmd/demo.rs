@@ -28,7 +28,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use tokio::sync::oneshot;
 
 use crate::{
-    cli::{DemoArgs, DemoServerArgs, DemoServerKind, WatchArgs},
+    cli::{DemoArgs, DemoServerArgs, DemoServerKind, Selection, WatchArgs},
     cmd::watch::{self, Control},
     probes::preflight,
 };
@@ -106,10 +106,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
 
     let watched = watch::run_with(
         WatchArgs {
-            names: Vec::new(),
-            pids: vec![forking.pid, pooled.pid],
-            containers: Vec::new(),
-            cgroups: Vec::new(),
+            select: Selection {
+                pids: vec![forking.pid, pooled.pid],
+                ..Selection::default()
+            },
             duration: None,
             output: args.output,
             listen: None,
@@ -119,6 +119,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             fork_hook: None,
             queue_hook: None,
             log_probes: false,
+            headless: false,
         },
         Control {
             on_attached: Some(Box::new(move || {

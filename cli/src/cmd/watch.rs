@@ -15,7 +15,7 @@ use tokio::{
 };
 
 use crate::{
-    cli::WatchArgs,
+    cli::{Selection, WatchArgs},
     collector::{Collector, cgroups, containers::Containers},
     model::selector::Selector,
     probes::{Options, privileges},
@@ -56,7 +56,7 @@ pub fn run_with(args: WatchArgs, control: Control) -> Result<()> {
 
 /// What the arguments select; containers and cgroups resolved to cgroup
 /// paths now (a container must be running).
-fn selector(args: &WatchArgs) -> Result<Selector> {
+fn selector(args: &Selection) -> Result<Selector> {
     if args.containers.is_empty() && args.cgroups.is_empty() {
         return Selector::new(args.names.clone(), args.pids.clone());
     }
@@ -73,7 +73,7 @@ fn selector(args: &WatchArgs) -> Result<Selector> {
 }
 
 async fn watch(args: WatchArgs, control: Control) -> Result<()> {
-    let selector = selector(&args)?;
+    let selector = selector(&args.select)?;
     let names = selector.names().join(" or ");
     let mut collector = Collector::start(
         selector,
@@ -85,7 +85,8 @@ async fn watch(args: WatchArgs, control: Control) -> Result<()> {
         },
     )?;
     let mut sinks = Sinks::default();
-    let tui = !args.output.json && !args.output.no_tui && io::stdout().is_terminal();
+    let tui =
+        !args.headless && !args.output.json && !args.output.no_tui && io::stdout().is_terminal();
     let metrics = match args.listen {
         Some(addr) => Some(Metrics::start(addr).await?),
         None => None,
@@ -113,7 +114,11 @@ async fn watch(args: WatchArgs, control: Control) -> Result<()> {
     if let Some(metrics) = metrics {
         sinks.push(metrics);
     }
-    sinks.push(Stdout::new(args.output.json, tui));
+    // An agent's reports are its metrics; its stderr (the journal) says
+    // only what it watches and what goes wrong.
+    if !args.headless {
+        sinks.push(Stdout::new(args.output.json, tui));
+    }
     if let Some(recording) = recording {
         sinks.push(recording);
     }

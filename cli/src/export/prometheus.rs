@@ -1,7 +1,11 @@
-//! `watch --listen ADDR`: a Prometheus / OpenMetrics endpoint. Histograms per
-//! role and metric (never one series per short-lived pid) with power-of-two
-//! latency buckets, and gauges and counters for processes, TIME_WAIT and
-//! drops. The collector publishes a snapshot each interval; scrapes read it.
+//! `watch --listen ADDR` and `agent`: a Prometheus / OpenMetrics endpoint.
+//! Histograms per role and metric (never one series per short-lived pid),
+//! each both a native histogram (sparse exponential buckets about 1 % wide,
+//! as fine as stackprobe's own) and classic power-of-two buckets for
+//! servers without native histograms, and gauges for processes, TIME_WAIT
+//! and drops. OpenMetrics text by default; Prometheus' protobuf format, the
+//! one that carries native histograms, when the scraper asks for it. The
+//! collector publishes a snapshot each interval; scrapes read it.
 
 use std::{
     fmt,
@@ -12,7 +16,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _},
+    encoding::{DescriptorEncoder, EncodeMetric as _, NativeHistogram, NativeHistogramBuckets},
     metrics::{MetricType, gauge::ConstGauge},
     registry::Registry,
 };
@@ -38,6 +42,10 @@ fn role_labels(role: &str) -> [(&'static str, &str); 2] {
 /// "≤ le" is exact for HdrHistogram's counts.
 const BUCKET_EXPONENTS: std::ops::RangeInclusive<u32> = 10..=36;
 
+/// The native histograms' schema: bucket bounds grow by 2^(2^-6) ≈ 1.011,
+/// so a bucket is about 1 % wide (stackprobe's own: 1/128).
+pub const NATIVE_SCHEMA: i32 = 6;
+
 #[derive(Clone, Debug, Default)]
 struct HistogramSample {
     role: String,
@@ -46,6 +54,46 @@ struct HistogramSample {
     sum_seconds: f64,
     /// (le in seconds, count in this bucket alone): the encoder accumulates.
     buckets: Vec<(f64, u64)>,
+    native: NativeBuckets,
+}
+
+/// A native histogram's positive buckets as Prometheus encodes them: spans
+/// of consecutive bucket indexes (offset from the end of the previous span,
+/// length) and each bucket's count as a delta from the previous one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NativeBuckets {
+    pub spans: Vec<(i32, u32)>,
+    pub deltas: Vec<i64>,
+}
+
+/// The bucket of a value of `seconds` in schema [`NATIVE_SCHEMA`]: index i
+/// holds (2^((i-1)/64), 2^(i/64)].
+fn native_index(seconds: f64) -> i32 {
+    (seconds.log2() * f64::from(1u32 << NATIVE_SCHEMA)).ceil() as i32
+}
+
+/// Native buckets from (value in ns, samples) pairs, any order.
+pub fn native_buckets(values: impl IntoIterator<Item = (u64, u64)>) -> NativeBuckets {
+    let mut counts: std::collections::BTreeMap<i32, u64> = Default::default();
+    for (ns, n) in values {
+        if n > 0 {
+            *counts
+                .entry(native_index(ns.max(1) as f64 / 1e9))
+                .or_default() += n;
+        }
+    }
+    let mut out = NativeBuckets::default();
+    let (mut next, mut last) = (None::<i32>, 0u64);
+    for (i, n) in counts {
+        match (next, out.spans.last_mut()) {
+            (Some(at), Some(span)) if at == i => span.1 += 1,
+            (Some(at), _) => out.spans.push((i - at, 1)),
+            (None, _) => out.spans.push((i, 1)),
+        }
+        out.deltas.push(n as i64 - last as i64);
+        (next, last) = (Some(i + 1), n);
+    }
+    out
 }
 
 #[derive(Clone, Debug, Default)]
@@ -80,12 +128,19 @@ impl Snapshot {
                     })
                     .collect();
                 buckets.push((f64::INFINITY, total.count() - below));
+                // Each of the HdrHistogram's buckets at the value its
+                // percentiles report.
+                let native = native_buckets(total.hdr().into_iter().flat_map(|h| {
+                    h.iter_recorded()
+                        .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                }));
                 histograms.push(HistogramSample {
                     role: role.clone(),
                     metric,
                     count: total.count(),
                     sum_seconds: total.sum_ns() as f64 / 1e9,
                     buckets,
+                    native,
                 });
             }
         }
@@ -126,13 +181,28 @@ impl Collector for Published {
         for h in &s.histograms {
             let [role, container] = role_labels(&h.role);
             let labels = [role, container, ("metric", h.metric)];
+            let native = NativeHistogram {
+                schema: NATIVE_SCHEMA,
+                zero_threshold: 0.0,
+                zero_count: 0,
+                negative: NativeHistogramBuckets {
+                    spans: &[],
+                    deltas: &[],
+                },
+                positive: NativeHistogramBuckets {
+                    spans: &h.native.spans,
+                    deltas: &h.native.deltas,
+                },
+                created: None,
+            };
             family
                 .encode_family(&labels)?
-                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                .encode_histogram_with_native::<prometheus_client::encoding::NoLabelSet>(
                     h.sum_seconds,
                     h.count,
                     &h.buckets,
                     None,
+                    native,
                 )?;
         }
         let mut processes = encoder.encode_descriptor(
@@ -189,6 +259,39 @@ impl Collector for Published {
     }
 }
 
+/// What Prometheus sends in `Accept` when it can take native histograms.
+const PROTOBUF: &str =
+    "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
+
+/// Whether the request's `Accept` header asks for Prometheus' protobuf
+/// format (Prometheus lists it first when native histograms are on).
+fn wants_protobuf(request: &str) -> bool {
+    request.lines().any(|l| {
+        l.split_once(':').is_some_and(|(name, value)| {
+            name.eq_ignore_ascii_case("accept")
+                && value.contains("application/vnd.google.protobuf")
+                && value.contains("io.prometheus.client.MetricFamily")
+        })
+    })
+}
+
+/// The scrape's content type and body.
+fn body(registry: &Registry, protobuf: bool) -> (&'static str, Vec<u8>) {
+    // Should protobuf fail to encode, text (which always does) serves the
+    // scrape rather than an error.
+    if protobuf
+        && let Ok(bytes) = prometheus_client::encoding::prometheus_protobuf::encode_to_vec(registry)
+    {
+        return (PROTOBUF, bytes);
+    }
+    let mut text = String::new();
+    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
+    (
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        text.into_bytes(),
+    )
+}
+
 /// The endpoint: publish a snapshot each interval; it serves the last one.
 pub struct Endpoint {
     snapshot: Arc<Mutex<Snapshot>>,
@@ -215,17 +318,19 @@ impl Endpoint {
                     let n = conn.read(&mut buf).await.unwrap_or(0);
                     let request = String::from_utf8_lossy(&buf[..n]);
                     let response = if request.starts_with("GET /metrics") {
-                        let mut body = String::new();
-                        let _ = prometheus_client::encoding::text::encode(&mut body, &registry);
-                        format!(
-                            "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        let (kind, body) = body(&registry, wants_protobuf(&request));
+                        let mut r = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                             body.len()
                         )
+                        .into_bytes();
+                        r.extend_from_slice(&body);
+                        r
                     } else {
-                        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                            .to_string()
+                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            .to_vec()
                     };
-                    let _ = conn.write_all(response.as_bytes()).await;
+                    let _ = conn.write_all(&response).await;
                 });
             }
         });
@@ -280,5 +385,83 @@ mod tests {
         assert_eq!(h.buckets[11], (2_097_151e-9, 1));
         assert_eq!(h.buckets.iter().map(|b| b.1).sum::<u64>(), 4);
         assert_eq!(h.buckets.last().unwrap(), &(f64::INFINITY, 0));
+    }
+
+    #[test]
+    fn native_buckets_are_spans_of_consecutive_indexes_and_count_deltas() {
+        // 1 s is the top of bucket 0 ((2^-1/64, 1] s); 1.01 s lies in bucket
+        // 1 (up to 2^(1/64) ≈ 1.0109 s), 1.1 s in bucket 9.
+        let b = native_buckets([
+            (1_100_000_000, 1),
+            (1_000_000_000, 3),
+            (1_010_000_000, 2),
+            (5, 0),
+        ]);
+        assert_eq!(b.spans, [(0, 2), (7, 1)]);
+        assert_eq!(b.deltas, [3, -1, -1]);
+        assert_eq!(native_buckets([]), NativeBuckets::default());
+        // A bucket is about 1 % wide: 1000 ns and 1010 ns fall apart.
+        let b = native_buckets([(1_000, 1), (1_011, 1)]);
+        assert_eq!(b.spans.iter().map(|s| s.1).sum::<u32>(), 2);
+    }
+
+    #[test]
+    fn a_protobuf_scrape_carries_native_histograms_and_the_text_one_classic_buckets() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[crate::model::fixtures::live(1, "nginx")]);
+        t.apply(&kernel_hist(
+            1,
+            "nginx",
+            HistMetric::Accept,
+            &[10_000, 10_000, 20_000],
+        ));
+        let report = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        let snapshot = Arc::new(Mutex::new(Snapshot::take(&t, &report)));
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Published(snapshot)));
+        let families = prometheus_client::encoding::prometheus_protobuf::encode(&registry).unwrap();
+        let latency = families
+            .iter()
+            .find(|f| f.name == "stackprobe_latency_seconds")
+            .unwrap();
+        let h = latency.metric[0].histogram.as_ref().unwrap();
+        assert_eq!((h.sample_count, h.schema), (3, NATIVE_SCHEMA));
+        let counts: i64 = h
+            .positive_delta
+            .iter()
+            .scan(0, |c, d| {
+                *c += d;
+                Some(*c)
+            })
+            .sum();
+        assert_eq!(counts, 3, "{h:?}");
+        assert!(
+            !h.bucket.is_empty(),
+            "classic buckets beside the native ones"
+        );
+        let (kind, body) = body(&registry, false);
+        assert!(kind.starts_with("application/openmetrics-text"));
+        assert!(
+            String::from_utf8(body)
+                .unwrap()
+                .contains("stackprobe_latency_seconds_bucket")
+        );
+        assert_eq!(body_kind(&registry, true), PROTOBUF);
+        assert!(wants_protobuf(
+            "GET /metrics HTTP/1.1\r\nAccept: application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,*/*;q=0.1\r\n"
+        ));
+        assert!(!wants_protobuf(
+            "GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n"
+        ));
+    }
+
+    fn body_kind(registry: &Registry, protobuf: bool) -> &'static str {
+        body(registry, protobuf).0
     }
 }

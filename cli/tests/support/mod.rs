@@ -561,7 +561,18 @@ impl Running {
         }
         self.stderr.read_to_string(&mut self.seen).unwrap();
         let status = self.child.wait().unwrap();
-        (status, stdout, self.seen)
+        (status, stdout, std::mem::take(&mut self.seen))
+    }
+}
+
+/// A test that panics must not leave stackprobe running, its probes
+/// attached (SIGKILL: the kernel detaches them with its last fd).
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
