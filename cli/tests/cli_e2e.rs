@@ -672,15 +672,7 @@ fn the_metrics_endpoint_serves_the_runs_histograms_as_openmetrics() {
         "127.0.0.1:0",
     ]);
     sp.wait_stderr("probes attached");
-    let addr = sp
-        .seen
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("stackprobe: metrics on http://")?
-                .strip_suffix("/metrics")
-        })
-        .unwrap_or_else(|| panic!("no metrics address in:\n{}", sp.seen))
-        .to_string();
+    let addr = sp.metrics_addr();
     server.accept_queued(14, false, "accept4");
     thread::sleep(Duration::from_millis(700));
     let body = scrape(&addr);

@@ -6,7 +6,7 @@
 mod support;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::*;
 
@@ -97,21 +97,6 @@ fn passive_link(s: &Session, addr: &str, inum: u32) -> (u64, u64, u64) {
         .fold((0, 0, 0), |(tw, o, c), (_, st)| {
             (tw + st.time_wait, o + st.opens.total, c + st.closes.total)
         })
-}
-
-/// Walks and reads until `done` holds (bounded): the last FINs may still be
-/// in flight.
-fn observe_until(s: &mut Session, done: impl Fn(&Session) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        s.collect();
-        s.sync();
-        s.collector.observe_sockets().unwrap();
-        if done(s) || Instant::now() > deadline {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn queue_waits(s: &Session, pid: u32) -> u64 {

@@ -1,7 +1,8 @@
-//! Root only: two `stackprobe agent`s (two "hosts"), each watching a
-//! loopback server, scraped by a real Prometheus (Debian's, with native
-//! histograms on) on loopback; what Prometheus stores and answers is checked
-//! against what stackprobe itself measured.
+//! Root only: two "hosts" (an agent, and a `watch --listen` that also
+//! prints its own numbers), each watching a loopback server, scraped by a
+//! real Prometheus (Debian's, with native histograms on) on loopback; what
+//! Prometheus stores and answers is checked against what stackprobe itself
+//! measured.
 
 mod support;
 
@@ -130,15 +131,7 @@ fn agent(pid: u32) -> (Running, String) {
         "200ms",
     ]);
     sp.wait_stderr("probes attached");
-    let addr = sp
-        .seen
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("stackprobe: metrics on http://")?
-                .strip_suffix("/metrics")
-        })
-        .unwrap_or_else(|| panic!("no metrics address in:\n{}", sp.seen))
-        .to_string();
+    let addr = sp.metrics_addr();
     (sp, addr)
 }
 
@@ -147,26 +140,32 @@ fn value(r: &Value) -> f64 {
 }
 
 #[test]
-fn prometheus_stores_two_agents_native_histograms_with_stackprobes_precision() {
+fn prometheus_stores_two_hosts_native_histograms_with_stackprobes_precision() {
     let _lock = probe_lock();
     let mut a = Server::start(None);
     let mut b = Server::start(None);
-    // stackprobe's own numbers for server a, from a watch beside its agent.
+    // Host a runs `watch --json --listen`, which serves the same metrics as
+    // an agent and also prints stackprobe's own numbers: Prometheus' are
+    // compared with those of the same process (two tracers on one hook
+    // would time each accept differently, most of all in the tail). Host
+    // b runs the agent.
     let mut own = Running::start(&[
         "watch",
         "--pid",
         &a.pid.to_string(),
         "--json",
+        // Its reports go to a pipe the test reads only at the end: few
+        // enough that the pipe never fills (a full one would stall it).
         "--interval",
-        "10s",
+        "1s",
+        "--listen",
+        "127.0.0.1:0",
     ]);
     own.wait_stderr("probes attached");
-    let (agent_a, addr_a) = agent(a.pid);
+    let addr_a = own.metrics_addr();
     let (agent_b, addr_b) = agent(b.pid);
     let (n_a, n_b) = (120, 45);
-    // Server a waits ~2 ms in accept for each connection: latencies far
-    // above the microsecond each tracer's probes add to the other's
-    // measurement (two tracers time the same accepts here).
+    // Server a waits ~2 ms in accept for each connection.
     a.send(&format!("accept {n_a} tcp accept4"));
     for _ in 0..n_a {
         thread::sleep(Duration::from_millis(2));
@@ -177,8 +176,15 @@ fn prometheus_stores_two_agents_native_histograms_with_stackprobes_precision() {
     let prometheus = Prometheus::start(&[addr_a.clone(), addr_b.clone()]);
 
     let accept = r#"stackprobe_latency_seconds{metric="accept",role="stackprobe-loop"}"#;
+    // Until both hosts' last snapshots, after every accept, are scraped.
+    let count = |s: &Value| -> u64 {
+        s["histogram"][1]["count"]
+            .as_str()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
+    };
     let stored = prometheus.query_until(accept, |r| {
-        r.len() == 2 && r.iter().all(|s| s.get("histogram").is_some())
+        r.len() == 2 && r.iter().map(count).sum::<u64>() == n_a + n_b
     });
     assert_eq!(stored.len(), 2, "one series per agent: {stored:?}");
     for s in &stored {
@@ -193,16 +199,16 @@ fn prometheus_stores_two_agents_native_histograms_with_stackprobes_precision() {
     assert_eq!(sum.len(), 1, "{sum:?}");
     assert_eq!(value(&sum[0]), (n_a + n_b) as f64);
 
-    // Prometheus' p99 of agent a's series against stackprobe's own.
+    // Prometheus' p99 of host a's series against stackprobe's own there.
+    let q = format!(
+        r#"histogram_quantile(0.99, stackprobe_latency_seconds{{metric="accept",role="stackprobe-loop",instance="{addr_a}"}})"#
+    );
+    let theirs = value(&prometheus.query(&q)[0]);
     own.signal(libc::SIGINT);
     let (status, stdout, stderr) = own.finish();
     assert!(status.success(), "{stderr}");
     let summary = json_lines(&stdout).pop().unwrap();
     let mine = row(&summary, a.pid).unwrap()["p99_ns"].as_f64().unwrap() / 1e9;
-    let q = format!(
-        r#"histogram_quantile(0.99, stackprobe_latency_seconds{{metric="accept",role="stackprobe-loop",instance="{addr_a}"}})"#
-    );
-    let theirs = value(&prometheus.query(&q)[0]);
     // Within two native buckets (2^(2/64) − 1 ≈ 2.2 %): one of Prometheus'
     // interpolation, one of stackprobe's own bucket.
     let off = (theirs / mine - 1.0).abs();
@@ -211,12 +217,10 @@ fn prometheus_stores_two_agents_native_histograms_with_stackprobes_precision() {
         "Prometheus p99 {theirs} s, stackprobe's {mine} s"
     );
 
-    for sp in [agent_a, agent_b] {
-        sp.signal(libc::SIGTERM);
-        let (status, stdout, stderr) = sp.finish();
-        assert!(status.success(), "agent exit {status}: {stderr}");
-        assert!(stdout.is_empty(), "an agent prints no reports: {stdout}");
-    }
+    agent_b.signal(libc::SIGTERM);
+    let (status, stdout, stderr) = agent_b.finish();
+    assert!(status.success(), "agent exit {status}: {stderr}");
+    assert!(stdout.is_empty(), "an agent prints no reports: {stdout}");
     a.stop();
     b.stop();
 }

@@ -95,21 +95,6 @@ fn the_iterator_counts_time_wait_and_listen_sockets_as_ss_does() {
     }
 }
 
-/// Snapshots sockets into the session's table until `done` holds (bounded):
-/// the last FINs may still be in flight.
-fn observe_until(s: &mut Session, done: impl Fn(&Session) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        s.collect();
-        s.sync();
-        s.collector.observe_sockets().unwrap();
-        if done(s) || Instant::now() > deadline {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn link_time_wait(s: &Session, owner: Option<&str>, peer: &str) -> u64 {
     s.collector
         .table()

@@ -97,6 +97,21 @@ impl Session {
     }
 }
 
+/// Snapshots sockets into the session's table until `done` holds (bounded):
+/// the last FINs may still be in flight.
+pub fn observe_until(s: &mut Session, done: impl Fn(&Session) -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        s.collect();
+        s.sync();
+        s.collector.observe_sockets().unwrap();
+        if done(s) || std::time::Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub const LOOPBACK: &str = env!("CARGO_BIN_EXE_stackprobe-loopback");
 pub const STACKPROBE: &str = env!("CARGO_BIN_EXE_stackprobe");
 
@@ -547,6 +562,18 @@ impl Running {
                 return;
             }
         }
+    }
+
+    /// The address its metrics endpoint said it serves on.
+    pub fn metrics_addr(&self) -> String {
+        self.seen
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("stackprobe: metrics on http://")?
+                    .strip_suffix("/metrics")
+            })
+            .unwrap_or_else(|| panic!("no metrics address in:\n{}", self.seen))
+            .to_string()
     }
 
     pub fn signal(&self, sig: i32) {
