@@ -4,7 +4,7 @@
 mod support;
 
 use std::{
-    io::{BufRead, BufReader, Read},
+    io::{BufRead, BufReader},
     os::unix::fs::symlink,
     process::{Command, Output, Stdio},
     thread,
@@ -638,15 +638,10 @@ fn a_recording_reads_back_with_the_runs_exact_counts() {
 
 /// GET /metrics over loopback.
 fn scrape(addr: &str) -> String {
-    use std::io::Write as _;
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    write!(conn, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let (head, body) = http_get(addr, "/metrics");
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
     assert!(head.contains("application/openmetrics-text"), "{head}");
-    body.to_string()
+    body
 }
 
 /// The value of the sample line `name{labels}` in OpenMetrics text.
@@ -707,10 +702,26 @@ fn the_metrics_endpoint_serves_the_runs_histograms_as_openmetrics() {
         "{body}"
     );
     assert_eq!(
-        sample(&body, "stackprobe_dropped_events"),
+        sample(&body, "stackprobe_dropped_events_total"),
         Some(0.0),
         "{body}"
     );
+    // The server's link: the 14 connections it accepted, labelled by its
+    // listening address (never the client's).
+    let link = format!(
+        r#"{{role="stackprobe-loop",container="",side="passive",link="{}"}}"#,
+        server.tcp
+    );
+    assert_eq!(
+        sample(&body, &format!("stackprobe_connections_opened_total{link}")),
+        Some(14.0),
+        "{body}"
+    );
+    // Its own cost.
+    let cpu = sample(&body, "stackprobe_cpu_seconds_total").unwrap();
+    assert!(cpu > 0.0 && cpu < 60.0, "{cpu}");
+    let rss = sample(&body, "stackprobe_resident_memory_bytes").unwrap();
+    assert!(rss > 1e6 && rss < 1e9, "{rss}");
     sp.signal(libc::SIGINT);
     let (status, _, stderr) = sp.finish();
     assert!(status.success(), "{stderr}");

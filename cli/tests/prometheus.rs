@@ -2,12 +2,12 @@
 //! prints its own numbers), each watching a loopback server, scraped by a
 //! real Prometheus (Debian's, with native histograms on) on loopback; what
 //! Prometheus stores and answers is checked against what stackprobe itself
-//! measured.
+//! measured, and every query of the Grafana dashboard (dist/grafana) is run
+//! against it.
 
 mod support;
 
 use std::{
-    io::{Read as _, Write as _},
     process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -25,14 +25,11 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn http_get(addr: &str, path: &str) -> String {
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+/// The body of a successful GET.
+fn get_ok(addr: &str, path: &str) -> String {
+    let (head, body) = http_get(addr, path);
     assert!(head.contains(" 200 "), "{head}\n{body}");
-    body.to_string()
+    body
 }
 
 /// Percent-encodes a PromQL query for a URL.
@@ -86,7 +83,7 @@ impl Prometheus {
 
     /// The result vector of an instant query.
     fn query(&self, q: &str) -> Vec<Value> {
-        let body = http_get(&self.addr, &format!("/api/v1/query?query={}", encode(q)));
+        let body = get_ok(&self.addr, &format!("/api/v1/query?query={}", encode(q)));
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["status"], "success", "{q}: {v}");
         v["data"]["result"].as_array().unwrap().clone()
@@ -118,8 +115,8 @@ impl Drop for Prometheus {
     }
 }
 
-/// `stackprobe agent --pid PID` serving metrics on a loopback port; its
-/// address.
+/// `stackprobe agent --pid PID --probe-cost` serving metrics on a loopback
+/// port; its address.
 fn agent(pid: u32) -> (Running, String) {
     let mut sp = Running::start(&[
         "agent",
@@ -129,6 +126,7 @@ fn agent(pid: u32) -> (Running, String) {
         "127.0.0.1:0",
         "--interval",
         "200ms",
+        "--probe-cost",
     ]);
     sp.wait_stderr("probes attached");
     let addr = sp.metrics_addr();
@@ -137,6 +135,28 @@ fn agent(pid: u32) -> (Running, String) {
 
 fn value(r: &Value) -> f64 {
     r["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+/// The Grafana dashboard's queries, with its variables set as Grafana
+/// would: every host, and a rate window reaching back to before the load.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../dist/grafana/stackprobe.json"
+    );
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$instance", ".+")
+                .replace("$__rate_interval", "1m");
+            queries.push((panel["title"].as_str().unwrap().to_string(), expr));
+        }
+    }
+    queries
 }
 
 #[test]
@@ -154,28 +174,45 @@ fn prometheus_stores_two_hosts_native_histograms_with_stackprobes_precision() {
         "--pid",
         &a.pid.to_string(),
         "--json",
-        // Its reports go to a pipe the test reads only at the end: few
-        // enough that the pipe never fills (a full one would stall it).
         "--interval",
         "1s",
         "--listen",
         "127.0.0.1:0",
     ]);
+    own.drain_stdout();
     own.wait_stderr("probes attached");
     let addr_a = own.metrics_addr();
     let (agent_b, addr_b) = agent(b.pid);
-    let (n_a, n_b) = (120, 45);
-    // Server a waits ~2 ms in accept for each connection.
-    a.send(&format!("accept {n_a} tcp accept4"));
-    for _ in 0..n_a {
-        thread::sleep(Duration::from_millis(2));
-        tcp_connect_and_read(&a.tcp);
-    }
-    a.wait_accepted(n_a);
-    b.accept_queued(n_b, false, "accept4");
+    // Scraping from before the load, so that the dashboard's rates see
+    // it grow.
     let prometheus = Prometheus::start(&[addr_a.clone(), addr_b.clone()]);
+    prometheus.query_until("up", |r| r.len() == 2 && r.iter().all(|s| value(s) == 1.0));
 
-    let accept = r#"stackprobe_latency_seconds{metric="accept",role="stackprobe-loop"}"#;
+    // Over several scrapes, on each host: a server waiting ~20 ms in
+    // accept for each connection, then forking a child per connection
+    // (which makes it a master, as postgres is); host b's then accepts
+    // connections already queued.
+    let (slow, forks, queued) = (60, 20, 45);
+    for s in [&mut a, &mut b] {
+        s.send(&format!("accept {slow} tcp accept4"));
+        for _ in 0..slow {
+            thread::sleep(Duration::from_millis(20));
+            tcp_connect_and_read(&s.tcp);
+        }
+        s.wait_accepted(slow);
+        for _ in 0..4 {
+            s.send(&format!("serve-fork {} tcp 0", forks / 4));
+            for _ in 0..forks / 4 {
+                tcp_connect_and_read(&s.tcp);
+            }
+            assert_eq!(s.line(), format!("served {}", forks / 4));
+            thread::sleep(Duration::from_millis(400));
+        }
+    }
+    b.accept_queued(queued, false, "accept4");
+    let (n_a, n_b) = (slow + forks, slow + forks + queued);
+
+    let accept = r#"stackprobe_latency_seconds{metric="accept",role="stackprobe-loop master"}"#;
     // Until both hosts' last snapshots, after every accept, are scraped.
     let count = |s: &Value| -> u64 {
         s["histogram"][1]["count"]
@@ -186,7 +223,12 @@ fn prometheus_stores_two_hosts_native_histograms_with_stackprobes_precision() {
     let stored = prometheus.query_until(accept, |r| {
         r.len() == 2 && r.iter().map(count).sum::<u64>() == n_a + n_b
     });
-    assert_eq!(stored.len(), 2, "one series per agent: {stored:?}");
+    assert_eq!(
+        stored.len(),
+        2,
+        "one series per agent: {stored:?}; all: {:?}",
+        prometheus.query("stackprobe_latency_seconds")
+    );
     for s in &stored {
         assert!(
             s.get("histogram").is_some(),
@@ -198,10 +240,35 @@ fn prometheus_stores_two_hosts_native_histograms_with_stackprobes_precision() {
     let sum = prometheus.query(&format!("sum by (role) (histogram_count({accept}))"));
     assert_eq!(sum.len(), 1, "{sum:?}");
     assert_eq!(value(&sum[0]), (n_a + n_b) as f64);
+    let forked = prometheus.query(
+        r#"sum(histogram_count(stackprobe_latency_seconds{metric="fork",role="stackprobe-loop master"}))"#,
+    );
+    assert_eq!(value(&forked[0]), 2.0 * forks as f64, "{forked:?}");
+
+    // Every query of the dashboard answers, with numbers.
+    for (panel, q) in dashboard_queries() {
+        let r = prometheus.query(&q);
+        assert!(
+            r.iter().any(|s| value(s).is_finite()),
+            "panel {panel:?}: {q} returned no number: {r:?}"
+        );
+    }
+    // And its host variable lists both.
+    let hosts = get_ok(
+        &prometheus.addr,
+        &format!(
+            "/api/v1/label/instance/values?match[]={}",
+            encode("stackprobe_processes")
+        ),
+    );
+    assert!(
+        hosts.contains(&addr_a) && hosts.contains(&addr_b),
+        "{hosts}"
+    );
 
     // Prometheus' p99 of host a's series against stackprobe's own there.
     let q = format!(
-        r#"histogram_quantile(0.99, stackprobe_latency_seconds{{metric="accept",role="stackprobe-loop",instance="{addr_a}"}})"#
+        r#"histogram_quantile(0.99, stackprobe_latency_seconds{{metric="accept",role="stackprobe-loop master",instance="{addr_a}"}})"#
     );
     let theirs = value(&prometheus.query(&q)[0]);
     own.signal(libc::SIGINT);

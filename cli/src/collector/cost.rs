@@ -20,11 +20,13 @@ impl Meter {
         }
     }
 
-    /// The cost since the last sample.
+    /// The cost since the last sample, and the totals now.
     pub fn sample(&mut self, probes: &Probes) -> OwnCost {
         OwnCost {
             ns_per_run: self.ns_per_run(probes),
             cpu_percent: self.cpu_percent(),
+            cpu_seconds: self.cpu.0.as_secs_f64(),
+            resident_bytes: resident_bytes().unwrap_or(0),
         }
     }
 
@@ -51,6 +53,15 @@ fn totals(probes: &Probes) -> Option<(u64, u64)> {
             .iter()
             .fold((0, 0), |(r, n), c| (r + c.runs, n + c.run_time_ns)),
     )
+}
+
+/// Resident memory from /proc/self/statm (its second field, in pages).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
 }
 
 fn cpu_time() -> Duration {

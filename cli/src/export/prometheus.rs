@@ -16,8 +16,10 @@ use std::{
 use anyhow::{Context as _, Result};
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _, NativeHistogram, NativeHistogramBuckets},
-    metrics::{MetricType, gauge::ConstGauge},
+    encoding::{
+        DescriptorEncoder, EncodeMetric, MetricEncoder, NativeHistogram, NativeHistogramBuckets,
+    },
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
 use tokio::{
@@ -27,6 +29,7 @@ use tokio::{
 
 use crate::model::{
     containers,
+    frame::OwnCost,
     process::{ProcessTable, Span},
     report::Report,
 };
@@ -96,20 +99,55 @@ pub fn native_buckets(values: impl IntoIterator<Item = (u64, u64)>) -> NativeBuc
     out
 }
 
+/// A link's labels: its owner's role and container, its side and where
+/// its connections go (never the client's address, so the series stay as
+/// few as the services).
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct LinkLabels {
+    role: String,
+    side: &'static str,
+    endpoint: String,
+}
+
+impl LinkLabels {
+    fn encode(&self) -> [(&'static str, &str); 4] {
+        let [role, container] = role_labels(&self.role);
+        [
+            role,
+            container,
+            ("side", self.side),
+            ("link", &self.endpoint),
+        ]
+    }
+}
+
+/// A link's numbers, summed over the links with the same labels.
+#[derive(Clone, Copy, Debug, Default)]
+struct LinkNumbers {
+    time_wait: u64,
+    opens: u64,
+    closes: u64,
+    aborts: u64,
+    new_time_wait: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     histograms: Vec<HistogramSample>,
     processes: Vec<(String, u64)>,
-    time_wait: Vec<(String, u64)>,
+    links: Vec<(LinkLabels, LinkNumbers)>,
     walk_age_s: f64,
     drops: u64,
     lost: [(&'static str, u64); 4],
     skipped: [(&'static str, u64); 6],
+    cost: OwnCost,
+    /// Per program: runs and run time in seconds, with `--probe-cost`.
+    programs: Vec<(String, u64, f64)>,
 }
 
 impl Snapshot {
-    /// Everything since the start, per role.
-    pub fn take(table: &ProcessTable, report: &Report) -> Self {
+    /// Everything since the start, per role, and stackprobe's own cost.
+    pub fn take(table: &ProcessTable, report: &Report, cost: OwnCost) -> Self {
         let mut histograms = Vec::new();
         for (role, (_, activity)) in table.roles(Span::Whole) {
             for (metric, m) in activity.metrics() {
@@ -144,11 +182,19 @@ impl Snapshot {
                 });
             }
         }
-        let mut time_wait: std::collections::BTreeMap<String, u64> = Default::default();
+        let mut links: std::collections::BTreeMap<LinkLabels, LinkNumbers> = Default::default();
         for l in &report.tcp.links {
-            *time_wait
-                .entry(l.owner.clone().unwrap_or_else(|| "unknown".into()))
-                .or_default() += l.time_wait;
+            let labels = LinkLabels {
+                role: l.owner.clone().unwrap_or_else(|| "unknown".into()),
+                side: l.side,
+                endpoint: l.endpoint.clone(),
+            };
+            let n = links.entry(labels).or_default();
+            n.time_wait += l.time_wait;
+            n.opens += l.opens.total;
+            n.closes += l.closes.total;
+            n.aborts += l.aborts.total;
+            n.new_time_wait += l.new_time_wait.total;
         }
         Self {
             histograms,
@@ -157,11 +203,17 @@ impl Snapshot {
                 .iter()
                 .map(|r| (r.role.clone(), r.processes as u64))
                 .collect(),
-            time_wait: time_wait.into_iter().collect(),
+            links: links.into_iter().collect(),
             walk_age_s: report.tcp.walk_age_ms as f64 / 1e3,
             drops: report.drops,
             lost: report.drops_by_cause.lost.by_kind(),
             skipped: report.drops_by_cause.skipped.by_kind(),
+            cost,
+            programs: report
+                .probe_cost
+                .iter()
+                .map(|p| (p.program.clone(), p.runs, p.run_time_ns as f64 / 1e9))
+                .collect(),
         }
     }
 }
@@ -214,15 +266,13 @@ impl Collector for Published {
         for (role, n) in &s.processes {
             ConstGauge::new(*n as i64).encode(processes.encode_family(&role_labels(role))?)?;
         }
-        let mut tw = encoder.encode_descriptor(
+        let tw = encoder.encode_descriptor(
             "stackprobe_time_wait_sockets",
-            "TIME_WAIT sockets now, by the role that closed first (unknown when not seen)",
+            "TIME_WAIT sockets now per link, by the role that closed first (unknown when not seen)",
             None,
             MetricType::Gauge,
         )?;
-        for (role, n) in &s.time_wait {
-            ConstGauge::new(*n as i64).encode(tw.encode_family(&role_labels(role))?)?;
-        }
+        per_link(tw, &s.links, |n| n.time_wait, ConstGauge::new)?;
         let age = encoder.encode_descriptor(
             "stackprobe_time_wait_age_seconds",
             "How old the walk of the sockets behind stackprobe_time_wait_sockets is (walks are spaced out when sockets are many)",
@@ -230,33 +280,111 @@ impl Collector for Published {
             MetricType::Gauge,
         )?;
         ConstGauge::new(s.walk_age_s).encode(age)?;
+        for (name, help, field) in LINK_COUNTERS {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            per_link(family, &s.links, field, ConstCounter::new)?;
+        }
         let drops = encoder.encode_descriptor(
             "stackprobe_dropped_events",
             "Events the probes could not deliver since the start",
             None,
-            MetricType::Gauge,
+            MetricType::Counter,
         )?;
-        ConstGauge::new(s.drops as i64).encode(drops)?;
+        ConstCounter::new(s.drops).encode(drops)?;
         let mut lost = encoder.encode_descriptor(
             "stackprobe_ring_full_events",
             "Events the full ring buffer could not take since the start, by kind (accept and fork samples never cross it)",
             None,
-            MetricType::Gauge,
+            MetricType::Counter,
         )?;
         for (kind, n) in s.lost {
-            ConstGauge::new(n as i64).encode(lost.encode_family(&[("kind", kind)])?)?;
+            ConstCounter::new(n).encode(lost.encode_family(&[("kind", kind)])?)?;
         }
         let mut skipped = encoder.encode_descriptor(
             "stackprobe_skipped_runs",
             "Probe runs the kernel skipped because a BPF program was already running on that CPU, by the kind of event lost",
             None,
-            MetricType::Gauge,
+            MetricType::Counter,
         )?;
         for (kind, n) in s.skipped {
-            ConstGauge::new(n as i64).encode(skipped.encode_family(&[("kind", kind)])?)?;
+            ConstCounter::new(n).encode(skipped.encode_family(&[("kind", kind)])?)?;
+        }
+        let cpu = encoder.encode_descriptor(
+            "stackprobe_cpu_seconds",
+            "stackprobe's own CPU time, user and system, since it started",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(s.cost.cpu_seconds).encode(cpu)?;
+        let rss = encoder.encode_descriptor(
+            "stackprobe_resident_memory_bytes",
+            "stackprobe's own resident memory",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(s.cost.resident_bytes as i64).encode(rss)?;
+        if !s.programs.is_empty() {
+            let mut runs = encoder.encode_descriptor(
+                "stackprobe_bpf_runs",
+                "Runs of each of stackprobe's kernel programs (with --probe-cost)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (program, n, _) in &s.programs {
+                ConstCounter::new(*n)
+                    .encode(runs.encode_family(&[("program", program.as_str())])?)?;
+            }
+            let mut time = encoder.encode_descriptor(
+                "stackprobe_bpf_run_seconds",
+                "Time the kernel spent running each of stackprobe's programs (with --probe-cost)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (program, _, seconds) in &s.programs {
+                ConstCounter::new(*seconds)
+                    .encode(time.encode_family(&[("program", program.as_str())])?)?;
+            }
         }
         Ok(())
     }
+}
+
+/// The link counters: name, help and the number each serves.
+type LinkField = fn(&LinkNumbers) -> u64;
+const LINK_COUNTERS: [(&str, &str, LinkField); 4] = [
+    (
+        "stackprobe_connections_opened",
+        "Connections opened per link since the start (connected, or established at a listener)",
+        |n| n.opens,
+    ),
+    (
+        "stackprobe_connections_closed",
+        "Connections closed per link since the start",
+        |n| n.closes,
+    ),
+    (
+        "stackprobe_connections_aborted",
+        "Connections per link that ended without the FIN handshake (reset, refused) since the start",
+        |n| n.aborts,
+    ),
+    (
+        "stackprobe_time_wait_entered",
+        "Sockets per link that went into TIME_WAIT since the start, by the role that closed first",
+        |n| n.new_time_wait,
+    ),
+];
+
+/// One sample per link of `field`'s value, as the metric `make` builds.
+fn per_link<M: EncodeMetric>(
+    mut family: MetricEncoder,
+    links: &[(LinkLabels, LinkNumbers)],
+    field: LinkField,
+    make: impl Fn(u64) -> M,
+) -> Result<(), fmt::Error> {
+    for (labels, n) in links {
+        make(field(n)).encode(family.encode_family(&labels.encode())?)?;
+    }
+    Ok(())
 }
 
 /// What Prometheus sends in `Accept` when it can take native histograms.
@@ -372,7 +500,7 @@ mod tests {
             Duration::from_secs(1),
             Drops::default(),
         );
-        let s = Snapshot::take(&t, &report);
+        let s = Snapshot::take(&t, &report, OwnCost::default());
         let h = &s.histograms[0];
         assert_eq!((h.role.as_str(), h.metric, h.count), ("nginx", "accept", 4));
         assert!((h.sum_seconds - 2_007_047e-9).abs() < 1e-12);
@@ -422,7 +550,7 @@ mod tests {
             Duration::from_secs(1),
             Drops::default(),
         );
-        let snapshot = Arc::new(Mutex::new(Snapshot::take(&t, &report)));
+        let snapshot = Arc::new(Mutex::new(Snapshot::take(&t, &report, OwnCost::default())));
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Published(snapshot)));
         let families = prometheus_client::encoding::prometheus_protobuf::encode(&registry).unwrap();

@@ -25,4 +25,8 @@ pub struct OwnCost {
     pub ns_per_run: Option<f64>,
     /// stackprobe's CPU time as a share of one core, in percent.
     pub cpu_percent: f64,
+    /// stackprobe's CPU time (user and system) since it started, in seconds.
+    pub cpu_seconds: f64,
+    /// Its resident memory now, in bytes (0 if unknown).
+    pub resident_bytes: u64,
 }

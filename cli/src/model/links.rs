@@ -52,6 +52,10 @@ pub struct LinkKey {
     pub side: Side,
     /// `→ 127.0.0.1:5432` or `127.0.0.1:5432 ← 127.0.0.1`.
     pub peer: String,
+    /// Where the link's connections go, without the client's address: the
+    /// destination of an active link, the listening address of a passive
+    /// one (`127.0.0.1:5432`, with its namespace when not stackprobe's).
+    pub endpoint: String,
 }
 
 /// The other end of a link as the kernel keys it: the remote address for an
@@ -65,13 +69,22 @@ pub struct Peer {
     pub netns: Netns,
 }
 
+/// A link's texts: the peer as the views show it, and its endpoint.
+#[derive(Clone, Debug)]
+struct PeerText {
+    peer: String,
+    endpoint: String,
+}
+
 impl Peer {
-    fn format(&self) -> String {
+    fn format(&self) -> PeerText {
         let ns = netns_suffix(self.netns);
-        match (self.side, self.peer_ip) {
+        let endpoint = format!("{}{ns}", self.addr);
+        let peer = match (self.side, self.peer_ip) {
             (Side::Passive, Some(ip)) => format!("{} ← {ip}{ns}", self.addr),
-            _ => format!("→ {}{ns}", self.addr),
-        }
+            _ => format!("→ {endpoint}"),
+        };
+        PeerText { peer, endpoint }
     }
 }
 
@@ -240,7 +253,7 @@ pub struct LinkTable {
     /// The kernel's totals at the last read.
     seen: FxHashMap<KernelLink, Seen>,
     /// Each link's text, formatted once.
-    peers: FxHashMap<Peer, String>,
+    peers: FxHashMap<Peer, PeerText>,
     /// Owners' roles, with the read they last counted in: kept after a
     /// process exits, since its sockets count on (a socket stays on its
     /// link even after its owner exits).
@@ -370,7 +383,8 @@ impl LinkTable {
             let from = LinkKey {
                 owner: Some(old.clone()),
                 side: peer.side,
-                peer: text.clone(),
+                peer: text.peer.clone(),
+                endpoint: text.endpoint.clone(),
             };
             let Some(stats) = self.links.get_mut(&from) else {
                 continue;
@@ -382,7 +396,8 @@ impl LinkTable {
             let to = LinkKey {
                 owner: Some(role.clone()),
                 side: peer.side,
-                peer: text,
+                peer: text.peer,
+                endpoint: text.endpoint,
             };
             self.stats(to).put(&total, &interval);
         }
@@ -429,7 +444,7 @@ impl LinkTable {
                 })
                 .unwrap_or_else(|| format!("[{}]", link.owner))
         });
-        let peer = self
+        let text = self
             .peers
             .entry(link.peer)
             .or_insert_with(|| link.peer.format())
@@ -437,7 +452,8 @@ impl LinkTable {
         LinkKey {
             owner,
             side: link.peer.side,
-            peer,
+            peer: text.peer,
+            endpoint: text.endpoint,
         }
     }
 
@@ -447,6 +463,7 @@ impl LinkTable {
                 owner: key.owner,
                 side: key.side,
                 peer: "(other links)".into(),
+                endpoint: "(other links)".into(),
             }
         } else {
             key
@@ -649,6 +666,36 @@ mod tests {
     }
 
     #[test]
+    fn a_links_endpoint_names_the_service_never_the_client() {
+        let mut t = LinkTable::default();
+        let client = active(CLIENT, "127.0.0.1:80");
+        let server = passive(SERVER, "127.0.0.2:80", "127.0.0.3");
+        let mut in_netns = active(CLIENT, "[::1]:5432");
+        in_netns.peer.netns = Some(4026532301);
+        let links = vec![
+            (client, totals(1, 0, 0, 0)),
+            (server, totals(1, 0, 0, 0)),
+            (in_netns, totals(1, 0, 0, 0)),
+        ];
+        t.observe_snapshot(read(links, None));
+        let endpoints: Vec<(&str, &str)> = t
+            .iter()
+            .map(|(k, _)| (k.peer.as_str(), k.endpoint.as_str()))
+            .collect();
+        assert_eq!(
+            endpoints,
+            [
+                ("→ 127.0.0.1:80", "127.0.0.1:80"),
+                (
+                    "→ [::1]:5432 in net:[4026532301]",
+                    "[::1]:5432 in net:[4026532301]"
+                ),
+                ("127.0.0.2:80 ← 127.0.0.3", "127.0.0.2:80"),
+            ]
+        );
+    }
+
+    #[test]
     fn only_what_grew_since_the_last_read_counts() {
         let mut t = LinkTable::default();
         let c = active(CLIENT, "127.0.0.1:80");
@@ -743,7 +790,7 @@ mod tests {
             t.observe_snapshot(read(vec![(c, totals(n, 0, 0, 0))], None));
         }
         assert_eq!(t.peers.len(), 1);
-        assert_eq!(t.peers[&c.peer], "→ [::1]:443");
+        assert_eq!(t.peers[&c.peer].peer, "→ [::1]:443");
         assert_eq!(row(&t, Some("client"), "→ [::1]:443").opens.total, 5);
     }
 

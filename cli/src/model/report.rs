@@ -209,6 +209,9 @@ pub struct LinkRow {
     pub side: &'static str,
     /// `→ 127.0.0.1:5432` or `127.0.0.1:5432 ← 127.0.0.1`.
     pub link: String,
+    /// Where its connections go, without the client: the destination of an
+    /// active link, the listening address of a passive one.
+    pub endpoint: String,
     /// TIME_WAIT sockets now, left by this process closing first.
     pub time_wait: u64,
     pub new_time_wait: CountRow,
@@ -374,6 +377,7 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
                     Side::Passive => "passive",
                 },
                 link: key.peer.clone(),
+                endpoint: key.endpoint.clone(),
                 time_wait: st.time_wait,
                 new_time_wait_per_s: p.rate(new_time_wait.count),
                 new_time_wait,

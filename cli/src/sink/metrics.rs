@@ -23,7 +23,8 @@ impl Metrics {
 
 impl Sink for Metrics {
     fn interval(&mut self, frame: &Frame) -> Result<Flow> {
-        self.0.publish(Snapshot::take(frame.table, &frame.report));
+        self.0
+            .publish(Snapshot::take(frame.table, &frame.report, frame.cost));
         Ok(Flow::Continue)
     }
 

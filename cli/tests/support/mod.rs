@@ -294,6 +294,16 @@ impl Drop for Server {
     }
 }
 
+/// An HTTP/1.0 GET of `path` from `addr`: the response's head and body.
+pub fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
 pub fn tcp_connect_and_read(addr: &str) {
     let mut s = TcpStream::connect(addr).unwrap();
     read_byte_then_eof(&mut s);
@@ -515,6 +525,8 @@ pub struct Running {
     pub child: Child,
     pub stderr: BufReader<ChildStderr>,
     pub seen: String,
+    /// Its stdout read as it comes, when asked (`drain_stdout`).
+    stdout: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Running {
@@ -544,7 +556,19 @@ impl Running {
             child,
             stderr,
             seen: String::new(),
+            stdout: None,
         }
+    }
+
+    /// Reads its stdout from a thread as it comes (`finish` returns it),
+    /// so that a long run's reports never fill the pipe and stall it.
+    pub fn drain_stdout(&mut self) {
+        let mut out = self.child.stdout.take().unwrap();
+        self.stdout = Some(std::thread::spawn(move || {
+            let mut all = String::new();
+            let _ = out.read_to_string(&mut all);
+            all
+        }));
     }
 
     /// Reads stderr until a line contains `needle`.
@@ -585,6 +609,8 @@ impl Running {
         let mut stdout = String::new();
         if let Some(mut out) = self.child.stdout.take() {
             out.read_to_string(&mut stdout).unwrap();
+        } else if let Some(reader) = self.stdout.take() {
+            stdout = reader.join().unwrap();
         }
         self.stderr.read_to_string(&mut self.seen).unwrap();
         let status = self.child.wait().unwrap();
