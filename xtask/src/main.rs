@@ -4,6 +4,7 @@
 //! makes sure the tools it needs are there, and drives cargo.
 
 mod bench;
+mod install;
 mod lab;
 mod module_graph;
 mod process;
@@ -34,8 +35,9 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up, build and install `stackprobe` into /usr/local/bin.
-    Install,
+    /// Set up, build and install `stackprobe` into /usr/local/bin, and the
+    /// agent's systemd unit (enabled only with --enable-agent).
+    Install(install::InstallArgs),
     /// Set up, then run the whole test suite: formatting, clippy, module
     /// cycles (check-modules), unit tests, the root-only integration tests
     /// that load the real probes, and the probe tests again inside Debian's
@@ -111,7 +113,7 @@ fn main() -> ExitCode {
         Task::Setup => setup::run(),
         Task::Build => setup::run().and_then(|()| tasks::build()),
         Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
-        Task::Install => setup::run().and_then(|()| tasks::install()),
+        Task::Install(args) => setup::run().and_then(|()| install::run(&args)),
         // The lab tests run the real stack, so its packages come first.
         Task::Test { no_vm } => setup::run()
             .and_then(|()| setup::apt_packages(&lab::PACKAGES))

@@ -1,4 +1,4 @@
-//! Build, run, install and test: thin wrappers over cargo.
+//! Build, run and test: thin wrappers over cargo.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -33,22 +33,6 @@ pub fn run(args: &[String]) -> Result<()> {
         sudo
     };
     run_cmd(cmd.args(args))
-}
-
-pub fn install() -> Result<()> {
-    run_cmd(cargo().args([
-        "install",
-        "--locked",
-        "--path",
-        "cli",
-        "--bin",
-        "stackprobe",
-        "--root",
-        "/usr/local",
-        "--force",
-    ]))?;
-    eprintln!("xtask: installed /usr/local/bin/stackprobe; run `sudo stackprobe watch postgres`");
-    Ok(())
 }
 
 /// `vm`: also run the probe tests inside the CI kernels under qemu.
