@@ -3,7 +3,8 @@
 //! under `stackprobe watch --json`, with `kernel.pid_max` lowered so pids
 //! are reused many times over. stackprobe's memory and kernel map entries
 //! must stay bounded, no exited pid may be reported as live, and its totals
-//! must equal the load.
+//! must equal the load. The same churn runs under `stackprobe agent`, read
+//! from its metrics as Prometheus would.
 
 mod support;
 
@@ -88,23 +89,138 @@ fn sum(summary: &Value, metric: &str, field: &str) -> u64 {
         .sum()
 }
 
+/// What a soak's churn did, and what it saw of stackprobe meanwhile.
+struct Churned {
+    seconds: u64,
+    rounds: u64,
+    connections: u64,
+    threads: u64,
+    execs: u64,
+    rss_half: u64,
+    rss_peak: u64,
+    rss_end: u64,
+    entries_peak: Vec<(String, usize)>,
+    entries_end: Vec<(String, usize)>,
+}
+
+impl Churned {
+    fn forks(&self) -> u64 {
+        self.connections + self.execs
+    }
+
+    /// What every soak asserts of itself and of stackprobe's memory and
+    /// maps.
+    fn check_bounded(&self, pid_max: u32) {
+        // More tasks than pids: every pid was handed out again and again.
+        assert!(
+            self.forks() + self.threads > 2 * u64::from(pid_max),
+            "{} processes and {} threads did not wrap pid_max {pid_max} twice",
+            self.forks(),
+            self.threads
+        );
+        // Sockets leave the maps when they close: after the churn, only
+        // what is still open (the listener, the last TIME_WAIT closes)
+        // remains.
+        assert_eq!(self.entries_end.len(), 4, "{:?}", self.entries_end);
+        for (name, n) in &self.entries_end {
+            assert!(*n <= 64, "{name} still holds {n} entries after the churn");
+        }
+        // The process table holds live processes only: tens of thousands of
+        // exits later, memory is where it was halfway.
+        assert!(
+            self.rss_end <= self.rss_half + 2 * 1024,
+            "RSS grew from {} KiB halfway to {} KiB",
+            self.rss_half,
+            self.rss_end
+        );
+    }
+}
+
+/// `STACKPROBE_SOAK_SECONDS`, default 60.
+fn soak_seconds() -> u64 {
+    std::env::var("STACKPROBE_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60)
+}
+
+/// A server for `seconds` of churn (and a minute's margin).
+fn churning_server(seconds: u64) -> Server {
+    let max_seconds = (seconds + 60).to_string();
+    Server::start_args(
+        std::path::Path::new(LOOPBACK),
+        &["--tcp", "127.0.0.1:0", "--max-seconds", &max_seconds],
+        None,
+    )
+}
+
+/// Churns `server` for `seconds`, sampling stackprobe (`tracer`)'s RSS and
+/// the kernel maps each round.
+fn churn(server: &mut Server, seconds: u64, tracer: u32) -> Churned {
+    let (mut connections, mut threads, mut execs, mut rounds) = (0u64, 0u64, 0u64, 0u64);
+    let started = Instant::now();
+    // RSS halfway through: by then the histograms are allocated and the
+    // TIME_WAIT sockets (which the link table mirrors) have reached their
+    // steady number, so the second half must not grow.
+    let mut rss_half = None;
+    let mut rss_peak = 0;
+    let mut entries_peak: Vec<(String, usize)> = Vec::new();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        // A child per connection (connection churn and pid churn), threads,
+        // and children that exec.
+        server.send("serve-fork 200 tcp 0");
+        let client = Command::new(LOOPBACK)
+            .args(["connect", "tcp", &server.tcp, "200"])
+            .output()
+            .unwrap();
+        assert!(client.status.success(), "{client:?}");
+        assert_eq!(server.line(), "served 200");
+        server.run("threads 500", "threads 500");
+        server.run("spawn-exec 50", "execs 50");
+        connections += 200;
+        threads += 500;
+        execs += 50;
+        rounds += 1;
+        let rss = rss_kib(tracer);
+        if rss_half.is_none() && started.elapsed() >= Duration::from_secs(seconds) / 2 {
+            rss_half = Some(rss);
+        }
+        rss_peak = rss_peak.max(rss);
+        let entries = map_entries();
+        if entries_peak.is_empty() {
+            entries_peak = entries;
+        } else {
+            for ((_, peak), (_, now)) in entries_peak.iter_mut().zip(entries) {
+                *peak = (*peak).max(now);
+            }
+        }
+    }
+    let rss_end = rss_kib(tracer);
+    thread::sleep(Duration::from_millis(1500));
+    Churned {
+        seconds,
+        rounds,
+        connections,
+        threads,
+        execs,
+        rss_half: rss_half.unwrap_or(rss_end),
+        rss_peak,
+        rss_end,
+        entries_peak,
+        entries_end: map_entries(),
+    }
+}
+
+/// Set before stackprobe starts: it sizes the watch set from pid_max.
+const LOWERED_PID_MAX: u32 = 16_384;
+
 #[test]
 fn a_long_churning_run_stays_bounded_and_counts_exactly() {
     let _lock = probe_lock();
     require_root();
-    let seconds: u64 = std::env::var("STACKPROBE_SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
-    let max_seconds = (seconds + 60).to_string();
-    // Set before stackprobe starts: it sizes the watch set from pid_max.
-    let pid_max = 16_384;
-    let _pid_max = PidMax::lower_to(pid_max);
-    let mut server = Server::start_args(
-        std::path::Path::new(LOOPBACK),
-        &["--tcp", "127.0.0.1:0", "--max-seconds", &max_seconds],
-        None,
-    );
+    let seconds = soak_seconds();
+    let _pid_max = PidMax::lower_to(LOWERED_PID_MAX);
+    let mut server = churning_server(seconds);
     let mut sp = Command::new(STACKPROBE)
         .args([
             "watch",
@@ -130,49 +246,7 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
             .map_while(Result::ok)
             .collect::<Vec<String>>()
     });
-
-    let (mut connections, mut threads, mut execs, mut rounds) = (0u64, 0u64, 0u64, 0u64);
-    let started = Instant::now();
-    // RSS halfway through: by then the histograms are allocated and the
-    // TIME_WAIT sockets (which the link table mirrors) have reached their
-    // steady number, so the second half must not grow.
-    let mut rss_half = None;
-    let mut rss_peak = 0;
-    let mut entries_peak: Vec<(String, usize)> = Vec::new();
-    while started.elapsed() < Duration::from_secs(seconds) {
-        // A child per connection (connection churn and pid churn), threads,
-        // and children that exec.
-        server.send("serve-fork 200 tcp 0");
-        let client = Command::new(LOOPBACK)
-            .args(["connect", "tcp", &server.tcp, "200"])
-            .output()
-            .unwrap();
-        assert!(client.status.success(), "{client:?}");
-        assert_eq!(server.line(), "served 200");
-        server.run("threads 500", "threads 500");
-        server.run("spawn-exec 50", "execs 50");
-        connections += 200;
-        threads += 500;
-        execs += 50;
-        rounds += 1;
-        let rss = rss_kib(sp.id());
-        if rss_half.is_none() && started.elapsed() >= Duration::from_secs(seconds) / 2 {
-            rss_half = Some(rss);
-        }
-        rss_peak = rss_peak.max(rss);
-        let entries = map_entries();
-        if entries_peak.is_empty() {
-            entries_peak = entries;
-        } else {
-            for ((_, peak), (_, now)) in entries_peak.iter_mut().zip(entries) {
-                *peak = (*peak).max(now);
-            }
-        }
-    }
-    let rss_end = rss_kib(sp.id());
-    let rss_half = rss_half.unwrap_or(rss_end);
-    thread::sleep(Duration::from_millis(1500));
-    let entries_end = map_entries();
+    let c = churn(&mut server, seconds, sp.id());
     // SAFETY: signalling our own child.
     unsafe { libc::kill(sp.id() as i32, libc::SIGINT) };
     assert!(sp.wait().unwrap().success());
@@ -185,42 +259,41 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
             .unwrap(),
     )
     .unwrap();
-    let forks = connections + execs;
     eprintln!(
-        "soak: {seconds} s, {rounds} rounds: {connections} connections, {forks} processes, \
-         {threads} threads, {execs} execs; {} events, drops {}; stackprobe RSS halfway {rss_half} KiB, \
-         peak {rss_peak} KiB, end {rss_end} KiB; counted accepts {}, forks {}, threads {}, \
-         child exits {}, children's execs {}; map entries between rounds at most {entries_peak:?}, at the end \
-         {entries_end:?}",
+        "soak: {} s, {} rounds: {} connections, {} processes, {} threads, {} execs; {} events, \
+         drops {}; stackprobe RSS halfway {} KiB, peak {} KiB, end {} KiB; counted accepts {}, \
+         forks {}, threads {}, child exits {}, children's execs {}; map entries between rounds \
+         at most {:?}, at the end {:?}",
+        c.seconds,
+        c.rounds,
+        c.connections,
+        c.forks(),
+        c.threads,
+        c.execs,
         summary["events"]["total"],
         summary["drops"],
+        c.rss_half,
+        c.rss_peak,
+        c.rss_end,
         sum(&summary, "accept", "total"),
         sum(&summary, "fork", "total"),
         sum(&summary, "thread", "total"),
         sum(&summary, "child_lifetime", "total"),
         sum(&summary, "children_exec", "total"),
+        c.entries_peak,
+        c.entries_end,
     );
     assert_eq!(summary["drops"], 0, "{}", summary["drops_by_cause"]);
-    // More tasks than pids: every pid was handed out again and again.
-    assert!(
-        forks + threads > 2 * u64::from(pid_max),
-        "{forks} processes and {threads} threads did not wrap pid_max {pid_max} twice"
-    );
-    // Sockets leave the maps when they close: after the churn, only what
-    // is still open (the listener, the last TIME_WAIT closes) remains.
-    assert_eq!(entries_end.len(), 4, "{entries_end:?}");
-    for (name, n) in &entries_end {
-        assert!(*n <= 64, "{name} still holds {n} entries after the churn");
-    }
-    assert_eq!(sum(&summary, "accept", "total"), connections);
-    assert_eq!(sum(&summary, "fork", "total"), forks);
-    assert_eq!(sum(&summary, "thread", "total"), threads);
+    c.check_bounded(LOWERED_PID_MAX);
+    assert_eq!(sum(&summary, "accept", "total"), c.connections);
+    assert_eq!(sum(&summary, "fork", "total"), c.forks());
+    assert_eq!(sum(&summary, "thread", "total"), c.threads);
     assert_eq!(
         sum(&summary, "child_lifetime", "total"),
-        forks,
+        c.forks(),
         "every child's exit"
     );
-    assert_eq!(sum(&summary, "children_exec", "total"), execs);
+    assert_eq!(sum(&summary, "children_exec", "total"), c.execs);
     // Only the server itself is alive; every pid the summary shows must be.
     let live: Vec<u64> = summary["roles"]
         .as_array()
@@ -240,12 +313,87 @@ fn a_long_churning_run_stays_bounded_and_counts_exactly() {
         "stale pids reported live"
     );
     assert_eq!(summary["watched"], 1);
-    // The process table holds live processes only: tens of thousands of exits
-    // later, memory is where it was halfway.
-    assert!(
-        rss_end <= rss_half + 2 * 1024,
-        "RSS grew from {rss_half} KiB halfway to {rss_end} KiB"
+    server.stop();
+    assert!(programs_left_loaded().is_empty());
+}
+
+/// The sum of the samples of `name` (any labels) in OpenMetrics text whose
+/// labels contain `with`.
+fn metric_sum(body: &str, name: &str, with: &str) -> f64 {
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']) && rest.contains(with))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The same churn under the agent, as a service runs it: its memory as
+/// flat, its maps as bounded, and what it serves Prometheus as exact.
+#[test]
+fn the_agent_under_the_same_churn_stays_bounded_and_serves_exact_counts() {
+    let _lock = probe_lock();
+    require_root();
+    let seconds = soak_seconds();
+    let _pid_max = PidMax::lower_to(LOWERED_PID_MAX);
+    let mut server = churning_server(seconds);
+    let mut agent = Running::start(&[
+        "agent",
+        "--pid",
+        &server.pid.to_string(),
+        "--listen",
+        "127.0.0.1:0",
+        "--interval",
+        "1s",
+    ]);
+    agent.wait_stderr("probes attached");
+    let addr = agent.metrics_addr();
+    let c = churn(&mut server, seconds, agent.child.id());
+    // Its next snapshot holds everything churned.
+    let count = |body: &str, metric: &str| {
+        metric_sum(
+            body,
+            "stackprobe_latency_seconds_count",
+            &format!("metric=\"{metric}\""),
+        ) as u64
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let body = http_get(&addr, "/metrics").1;
+        if count(&body, "child_lifetime") == c.forks() || Instant::now() > deadline {
+            break body;
+        }
+        thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!(
+        "agent soak: {} s, {} rounds: {} connections, {} processes, {} threads; agent RSS halfway \
+         {} KiB, peak {} KiB, end {} KiB; map entries at most {:?}, at the end {:?}",
+        c.seconds,
+        c.rounds,
+        c.connections,
+        c.forks(),
+        c.threads,
+        c.rss_half,
+        c.rss_peak,
+        c.rss_end,
+        c.entries_peak,
+        c.entries_end
     );
+    c.check_bounded(LOWERED_PID_MAX);
+    assert_eq!(count(&body, "accept"), c.connections, "{body}");
+    assert_eq!(count(&body, "fork"), c.forks());
+    assert_eq!(count(&body, "thread"), c.threads);
+    assert_eq!(count(&body, "child_lifetime"), c.forks());
+    assert_eq!(
+        metric_sum(&body, "stackprobe_dropped_events_total", ""),
+        0.0
+    );
+    // Only the server lives.
+    assert_eq!(metric_sum(&body, "stackprobe_processes", ""), 1.0, "{body}");
+    agent.signal(libc::SIGTERM);
+    let (status, _, stderr) = agent.finish();
+    assert!(status.success(), "{stderr}");
     server.stop();
     assert!(programs_left_loaded().is_empty());
 }
