@@ -104,6 +104,73 @@ pub fn socket_inodes(pid: u32) -> Vec<u64> {
         .collect()
 }
 
+/// The address of the listening socket `pid` holds as `fd`: `127.0.0.1:5432`
+/// or `[::1]:5432` for TCP, the path for a unix socket (`@name` in the
+/// abstract namespace), from /proc/PID/net (its network namespace's
+/// sockets). None if the fd is not a listening TCP or unix socket, or the
+/// process is gone.
+pub fn listener_name(pid: u32, fd: u32) -> Option<String> {
+    let link = fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    let inode: u64 = link
+        .to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()?;
+    let table = |name: &str| fs::read_to_string(format!("/proc/{pid}/net/{name}")).ok();
+    ["tcp", "tcp6"]
+        .into_iter()
+        .find_map(|t| tcp_listener(&table(t)?, inode))
+        .or_else(|| unix_listener(&table("unix")?, inode))
+}
+
+/// The local address of the listening socket `inode` in a /proc/net/tcp or
+/// tcp6 table.
+fn tcp_listener(table: &str, inode: u64) -> Option<String> {
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+        if f.len() < 10 || f[3] != "0A" || f[9].parse::<u64>().ok()? != inode {
+            return None;
+        }
+        let (ip, port) = f[1].split_once(':')?;
+        let port = u16::from_str_radix(port, 16).ok()?;
+        // The kernel prints each 32-bit word of the address as a host-order
+        // (little-endian here) hex number.
+        let mut bytes = Vec::with_capacity(16);
+        for word in ip.as_bytes().chunks(8) {
+            let w = u32::from_str_radix(std::str::from_utf8(word).ok()?, 16).ok()?;
+            bytes.extend_from_slice(&w.to_ne_bytes());
+        }
+        let addr = match bytes.len() {
+            4 => std::net::SocketAddr::from((<[u8; 4]>::try_from(bytes).ok()?, port)),
+            16 => {
+                let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
+                std::net::SocketAddr::from((v6, port))
+            }
+            _ => return None,
+        };
+        Some(addr.to_string())
+    })
+}
+
+/// The path of the listening unix socket `inode` in /proc/net/unix (state
+/// 01, flags with __SO_ACCEPTCON).
+fn unix_listener(table: &str, inode: u64) -> Option<String> {
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // Num RefCount Protocol Flags Type St Inode [Path]
+        if f.len() < 7 || f[6].parse::<u64>().ok()? != inode {
+            return None;
+        }
+        let listening = u32::from_str_radix(f[3], 16).is_ok_and(|flags| flags & 0x10000 != 0);
+        listening.then(|| {
+            f.get(7)
+                .map_or_else(|| "(unnamed unix socket)".into(), |p| p.to_string())
+        })
+    })
+}
+
 /// The TcpExt counters of /proc/net/netstat named in `names` (cumulative
 /// since boot, for the whole machine: `ListenOverflows`, `ListenDrops`,
 /// `TCPTimeWaitOverflow`…), None where absent. Read each interval: only the
@@ -258,6 +325,30 @@ mod tests {
         assert_eq!(parse_state("42 (x) Z 1"), Some('Z'));
         assert_eq!(parse_state("garbage"), None);
         assert!(!has_exited(std::process::id()));
+    }
+
+    #[test]
+    fn names_listeners_from_the_socket_tables() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:1538 00000000:0000 0A 00000000:00000000 00:00000000 00000000   106        0 4242 1 0 100 0 0 10 0\n   1: 0100007F:1538 0100007F:C350 01 00000000:00000000 00:00000000 00000000   106        0 4243 1 0\n";
+        assert_eq!(tcp_listener(tcp, 4242).as_deref(), Some("127.0.0.1:5432"));
+        assert_eq!(tcp_listener(tcp, 4243), None, "an established socket");
+        let tcp6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 77 1 0\n";
+        assert_eq!(tcp_listener(tcp6, 77).as_deref(), Some("[::1]:8080"));
+        let unix = "Num       RefCount Protocol Flags    Type St Inode Path\n0000000081a445d3: 00000002 00000000 00010000 0001 01 5555 /run/postgresql/.s.PGSQL.5432\n0000000081a445d4: 00000003 00000000 00000000 0001 03 5556 /run/postgresql/.s.PGSQL.5432\n0000000081a445d5: 00000002 00000000 00010000 0001 01 5557 @abstract\n";
+        assert_eq!(
+            unix_listener(unix, 5555).as_deref(),
+            Some("/run/postgresql/.s.PGSQL.5432")
+        );
+        assert_eq!(unix_listener(unix, 5556), None, "a connected socket");
+        assert_eq!(unix_listener(unix, 5557).as_deref(), Some("@abstract"));
+        // This process's own listener.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&l) as u32;
+        assert_eq!(
+            listener_name(std::process::id(), fd),
+            Some(l.local_addr().unwrap().to_string())
+        );
+        assert_eq!(listener_name(std::process::id(), 0), None);
     }
 
     #[test]

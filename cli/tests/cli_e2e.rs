@@ -130,6 +130,48 @@ fn text_mode_prints_intervals_and_a_summary_and_stops_after_duration() {
     server.stop();
 }
 
+/// A server accepting on a TCP port and on a unix socket: each listener's
+/// accepts counted apart, exactly, in JSON and text.
+#[test]
+fn accepts_are_counted_per_listener_tcp_and_unix_apart() {
+    let _lock = probe_lock();
+    require_root();
+    let dir = TempDir::new("listeners");
+    let path = dir.0.join("srv.sock");
+    let mut server = Server::start(Some(&path));
+    let sp = Running::watch_json(server.pid, "300ms");
+    server.accept_queued(5, false, "accept4");
+    server.accept_queued(3, true, "accept");
+    server.accept_queued(2, false, "accept");
+    sp.signal(libc::SIGINT);
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "{stderr}");
+    let summary = json_lines(&stdout).pop().unwrap();
+    let role = &summary["roles"][0];
+    let listeners: Vec<(&str, u64)> = role["listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["listener"].as_str().unwrap(),
+                l["accept"]["total"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listeners,
+        [(server.tcp.as_str(), 7), (path.to_str().unwrap(), 3)],
+        "{role}"
+    );
+    assert_eq!(role["accept"]["total"], 10);
+    // The queue wait is a TCP connection's: on the TCP listener only.
+    assert_eq!(role["listeners"][0]["accept_queue"]["total"], 7, "{role}");
+    assert_eq!(role["listeners"][1]["accept_queue"]["total"], 0, "{role}");
+    server.stop();
+    assert!(programs_left_loaded().is_empty());
+}
+
 #[test]
 fn waits_for_a_named_process_that_starts_later_and_sigterm_ends_cleanly() {
     let _lock = probe_lock();
@@ -677,7 +719,11 @@ fn the_metrics_endpoint_serves_the_runs_histograms_as_openmetrics() {
         body.contains("# TYPE stackprobe_latency_seconds histogram"),
         "{body}"
     );
-    let labels = r#"role="stackprobe-loop",container="",metric="accept"}"#;
+    let labels = format!(
+        r#"role="stackprobe-loop",container="",metric="accept",listener="{}"}}"#,
+        server.tcp
+    );
+    let labels = labels.as_str();
     let count = format!("stackprobe_latency_seconds_count{{{labels}");
     assert_eq!(sample(&body, &count), Some(14.0), "{body}");
     let inf = format!("stackprobe_latency_seconds_bucket{{le=\"+Inf\",{labels}");

@@ -57,12 +57,12 @@ fn map_entries() -> Vec<(String, usize)> {
                 HashMap::<_, u64, probes_common::sock::ListenOwner>::try_from(Map::HashMap(data))
                     .map(|m| m.keys().count())
             }
-            "HISTS" | "HISTS_SPARE" => {
-                PerCpuHashMap::<_, u64, probes_common::hist::HistValue>::try_from(
-                    Map::PerCpuHashMap(data),
-                )
-                .map(|m| m.keys().count())
-            }
+            "HISTS" | "HISTS_SPARE" => PerCpuHashMap::<
+                _,
+                probes_common::hist::HistKey,
+                probes_common::hist::HistValue,
+            >::try_from(Map::PerCpuHashMap(data))
+            .map(|m| m.keys().count()),
             _ => continue,
         };
         out.push((name, n.unwrap()));

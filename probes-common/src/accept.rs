@@ -8,6 +8,9 @@ use crate::offsets::MemberOffset;
 pub const ACCEPT_START_MAP: &str = "ACCEPT_START";
 /// Global holding the offset of `ret` in `sys_exit_accept{,4}`.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "ACCEPT_EXIT_RET_OFFSET";
+/// Global holding the offset of `fd` (the listening socket) in
+/// `sys_enter_accept{,4}`.
+pub const ENTER_FD_OFFSET_GLOBAL: &str = "ACCEPT_ENTER_FD_OFFSET";
 
 /// The members walked from the accepted fd to its socket
 /// (current->files->fdt->fd[fd]->private_data->sk), each at the offset in
@@ -41,11 +44,11 @@ pub struct AcceptStart {
     /// a kernel_clone-style hook on it is attached (0: not seen).
     pub sk: u64,
     pub tid: u32,
-    /// Explicit so the type has no implicit padding.
-    pub _pad: u32,
+    /// The listening socket's fd plus one (0: not known).
+    pub listener: u32,
 }
 
-crate::assert_layout!(AcceptStart, 24, { start_ns: 0, sk: 8, tid: 16, _pad: 20 });
+crate::assert_layout!(AcceptStart, 24, { start_ns: 0, sk: 8, tid: 16, listener: 20 });
 
 /// One-entry array: [`SOCK_FROM_HOOK`] when the hook on `inet_csk_accept`
 /// is attached and fills [`AcceptStart::sk`], so the exit skips the fd walk.

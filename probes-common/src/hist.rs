@@ -93,9 +93,14 @@ pub struct HistKey {
     pub tgid: u32,
     /// A [`HistMetric`].
     pub metric: u32,
+    /// For accept metrics: the fd of the listening socket accepted from,
+    /// plus one (0: not known, and for every other metric). Userspace names
+    /// the listener from the process's fd table.
+    pub listener: u32,
+    pub _pad: u32,
 }
 
-crate::assert_layout!(HistKey, 8, { tgid: 0, metric: 4 });
+crate::assert_layout!(HistKey, 16, { tgid: 0, metric: 4, listener: 8, _pad: 12 });
 
 /// One CPU's share of a histogram. Bucket counts are u32 and may wrap:
 /// userspace takes differences modulo 2^32 between reads, which is exact as

@@ -25,6 +25,10 @@ static ACCEPT_CONFIG: Array<u32> = Array::with_max_entries(1, 0);
 #[unsafe(no_mangle)]
 static ACCEPT_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
 
+// SAFETY: as above.
+#[unsafe(no_mangle)]
+static ACCEPT_ENTER_FD_OFFSET: Global<u32> = Global::new(16);
+
 probes_common::accept_fd_walk_members!(offset_globals);
 
 /// The pointer in the member at `offset` of the struct at `base`.
@@ -72,6 +76,10 @@ pub fn accept_enter(ctx: TracePointContext) -> u32 {
     }
     slot.tid = tid;
     slot.sk = 0;
+    // The listening socket: accepts per listener.
+    slot.listener = memory::field::<i64>(&ctx, &ACCEPT_ENTER_FD_OFFSET)
+        .and_then(|fd| u32::try_from(fd).ok())
+        .map_or(0, |fd| fd.saturating_add(1));
     slot.start_ns = now();
     0
 }
@@ -128,6 +136,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     }
     let start_ns = slot.start_ns;
     let hooked_sk = slot.sk;
+    let listener = slot.listener;
     slot.start_ns = 0;
     let end_ns = now();
     let Some(ret) = memory::field::<i64>(&ctx, &ACCEPT_EXIT_RET_OFFSET) else {
@@ -157,13 +166,23 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         }
         sk
     };
-    hist::record(tgid, HistMetric::Accept, end_ns.saturating_sub(start_ns));
+    hist::record(
+        tgid,
+        HistMetric::Accept,
+        listener,
+        end_ns.saturating_sub(start_ns),
+    );
     // Unknown for unix sockets and connections established before attach.
     if let Some(sk) = sk {
         tcp_links::accepted(sk, tgid, is_watched);
     }
     if let Some(at) = sk.and_then(tracked::take_established) {
-        hist::record(tgid, HistMetric::AcceptQueue, end_ns.saturating_sub(at));
+        hist::record(
+            tgid,
+            HistMetric::AcceptQueue,
+            listener,
+            end_ns.saturating_sub(at),
+        );
     }
     0
 }
@@ -178,6 +197,6 @@ fn untimed(ctx: &TracePointContext, pid_tgid: u64) {
         return;
     }
     if memory::field::<i64>(ctx, &ACCEPT_EXIT_RET_OFFSET).is_some_and(|ret| ret >= 0) {
-        hist::record(tgid, HistMetric::AcceptUntimed, 0);
+        hist::record(tgid, HistMetric::AcceptUntimed, 0, 0);
     }
 }

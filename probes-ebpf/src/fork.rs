@@ -147,6 +147,7 @@ fn finish(ret: i64) {
     hist::record(
         tgid,
         HistMetric::of_clone(ret, kind),
+        0,
         end_ns.saturating_sub(start_ns),
     );
 }

@@ -30,7 +30,7 @@ use tokio::{
 use crate::model::{
     containers,
     frame::OwnCost,
-    process::{ProcessTable, Span},
+    process::{Metric, ProcessTable, Span},
     report::Report,
 };
 
@@ -53,11 +53,49 @@ pub const NATIVE_SCHEMA: i32 = 6;
 struct HistogramSample {
     role: String,
     metric: &'static str,
+    /// The listening socket, for accept metrics ("" for the others).
+    listener: String,
     count: u64,
     sum_seconds: f64,
     /// (le in seconds, count in this bucket alone): the encoder accumulates.
     buckets: Vec<(f64, u64)>,
     native: NativeBuckets,
+}
+
+impl HistogramSample {
+    /// `metric`'s histogram since the start, None while it is empty.
+    fn of(role: &str, metric: &'static str, listener: &str, m: &Metric) -> Option<Self> {
+        let total = &m.total;
+        if total.is_empty() {
+            return None;
+        }
+        let mut below = 0;
+        let mut buckets: Vec<(f64, u64)> = BUCKET_EXPONENTS
+            .map(|k| {
+                let le_ns = (1u64 << k) - 1;
+                let at_most = total.count_at_most(le_ns);
+                let in_bucket = at_most - below;
+                below = at_most;
+                (le_ns as f64 / 1e9, in_bucket)
+            })
+            .collect();
+        buckets.push((f64::INFINITY, total.count() - below));
+        // Each of the HdrHistogram's buckets at the value its percentiles
+        // report.
+        let native = native_buckets(total.hdr().into_iter().flat_map(|h| {
+            h.iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+        }));
+        Some(Self {
+            role: role.to_string(),
+            metric,
+            listener: listener.to_string(),
+            count: total.count(),
+            sum_seconds: total.sum_ns() as f64 / 1e9,
+            buckets,
+            native,
+        })
+    }
 }
 
 /// A native histogram's positive buckets as Prometheus encodes them: spans
@@ -151,35 +189,20 @@ impl Snapshot {
         let mut histograms = Vec::new();
         for (role, (_, activity)) in table.roles(Span::Whole) {
             for (metric, m) in activity.metrics() {
-                let total = &m.total;
-                if total.is_empty() {
+                // Accepts per listener: together they are the role's.
+                let per_listener = matches!(metric, "accept" | "accept_queue");
+                if !per_listener {
+                    histograms.extend(HistogramSample::of(&role, metric, "", m));
                     continue;
                 }
-                let mut below = 0;
-                let mut buckets: Vec<(f64, u64)> = BUCKET_EXPONENTS
-                    .map(|k| {
-                        let le_ns = (1u64 << k) - 1;
-                        let at_most = total.count_at_most(le_ns);
-                        let in_bucket = at_most - below;
-                        below = at_most;
-                        (le_ns as f64 / 1e9, in_bucket)
-                    })
-                    .collect();
-                buckets.push((f64::INFINITY, total.count() - below));
-                // Each of the HdrHistogram's buckets at the value its
-                // percentiles report.
-                let native = native_buckets(total.hdr().into_iter().flat_map(|h| {
-                    h.iter_recorded()
-                        .map(|v| (v.value_iterated_to(), v.count_at_value()))
-                }));
-                histograms.push(HistogramSample {
-                    role: role.clone(),
-                    metric,
-                    count: total.count(),
-                    sum_seconds: total.sum_ns() as f64 / 1e9,
-                    buckets,
-                    native,
-                });
+                for (listener, l) in &activity.listeners {
+                    let m = if metric == "accept" {
+                        &l.accept
+                    } else {
+                        &l.accept_queue
+                    };
+                    histograms.extend(HistogramSample::of(&role, metric, listener, m));
+                }
             }
         }
         let mut links: std::collections::BTreeMap<LinkLabels, LinkNumbers> = Default::default();
@@ -232,7 +255,12 @@ impl Collector for Published {
         )?;
         for h in &s.histograms {
             let [role, container] = role_labels(&h.role);
-            let labels = [role, container, ("metric", h.metric)];
+            let labels = [
+                role,
+                container,
+                ("metric", h.metric),
+                ("listener", h.listener.as_str()),
+            ];
             let native = NativeHistogram {
                 schema: NATIVE_SCHEMA,
                 zero_threshold: 0.0,

@@ -25,6 +25,17 @@ pub fn live(pid: u32, name: &str) -> LiveProcess {
 /// `metric` hands over once the kernel has recorded `samples` in it: the
 /// kernel's bucketing and userspace's reading, as in a run.
 pub fn kernel_hist(tgid: u32, comm: &str, metric: HistMetric, samples: &[u64]) -> Event {
+    kernel_hist_from(tgid, comm, metric, None, samples)
+}
+
+/// [`kernel_hist`], of accepts from the listener named `listener`.
+pub fn kernel_hist_from(
+    tgid: u32,
+    comm: &str,
+    metric: HistMetric,
+    listener: Option<&str>,
+    samples: &[u64],
+) -> Event {
     let mut cpu = HistValue::ZERO;
     for &ns in samples {
         cpu.record(ns);
@@ -32,9 +43,14 @@ pub fn kernel_hist(tgid: u32, comm: &str, metric: HistMetric, samples: &[u64]) -
     let key = HistKey {
         tgid,
         metric: metric as u32,
+        listener: 0,
+        _pad: 0,
     };
-    let delta = KernelHists::default().read(key, [&cpu], false, || Some(comm.into()));
-    Event::Hist(delta.expect("a histogram with samples gained them"))
+    let mut delta = KernelHists::default()
+        .read(key, [&cpu], false, || Some(comm.into()))
+        .expect("a histogram with samples gained them");
+    delta.listener = listener.map(str::to_string);
+    Event::Hist(delta)
 }
 
 /// `parent` (named `comm`) accepts `latencies.len()` connections and forks a

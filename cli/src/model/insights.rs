@@ -163,6 +163,7 @@ mod tests {
         Event::Hist(HistDelta {
             tgid,
             comm: Some(comm.into()),
+            listener: None,
             metric,
             count: n,
             sum_ns: n * ns,

@@ -21,6 +21,13 @@ use super::{
 
 pub const MAX_ROLES: usize = 256;
 pub const OTHER_ROLE: &str = "(other)";
+/// Listeners kept apart per process or role; further ones are summed under
+/// [`OTHER_LISTENERS`].
+pub const MAX_LISTENERS: usize = 64;
+pub const OTHER_LISTENERS: &str = "(other listeners)";
+/// Accepts from a listener that could not be named (its process exited
+/// before it was asked).
+pub const UNKNOWN_LISTENER: &str = "(unknown listener)";
 
 /// One latency metric: the current interval and everything since the start.
 #[derive(Clone, Debug, Default)]
@@ -100,6 +107,23 @@ pub struct Activity {
     pub children_exec: Counter,
     /// Processes that exited (counted on roles, as their members retire).
     pub exited: Counter,
+    /// `accept` and `accept_queue` per listening socket accepted from, by
+    /// its address or path.
+    pub listeners: BTreeMap<String, ListenerActivity>,
+}
+
+/// What one listening socket's accepts measured.
+#[derive(Clone, Debug, Default)]
+pub struct ListenerActivity {
+    pub accept: Metric,
+    pub accept_queue: Metric,
+}
+
+impl ListenerActivity {
+    fn add(&mut self, other: &ListenerActivity, span: Span) {
+        self.accept.add(&other.accept, span);
+        self.accept_queue.add(&other.accept_queue, span);
+    }
 }
 
 impl Activity {
@@ -137,7 +161,21 @@ impl Activity {
             .all(|c| c.total == 0)
     }
 
+    /// The listener `name`'s numbers (past [`MAX_LISTENERS`], those of
+    /// [`OTHER_LISTENERS`]).
+    fn listener(&mut self, name: &str) -> &mut ListenerActivity {
+        let name = if self.listeners.len() >= MAX_LISTENERS && !self.listeners.contains_key(name) {
+            OTHER_LISTENERS
+        } else {
+            name
+        };
+        self.listeners.entry(name.to_string()).or_default()
+    }
+
     pub fn add(&mut self, other: &Activity, span: Span) {
+        for (name, l) in &other.listeners {
+            self.listener(name).add(l, span);
+        }
         self.accept.add(&other.accept, span);
         self.accept_untimed.add_counter(&other.accept_untimed);
         self.accept_queue.add(&other.accept_queue, span);
@@ -154,6 +192,10 @@ impl Activity {
     fn reset_interval(&mut self) {
         self.accept.reset_interval();
         self.accept_queue.reset_interval();
+        for l in self.listeners.values_mut() {
+            l.accept.reset_interval();
+            l.accept_queue.reset_interval();
+        }
         self.fork.reset_interval();
         self.thread.reset_interval();
         self.child_lifetime.reset_interval();
@@ -304,9 +346,16 @@ impl ProcessTable {
                 &mut self.entry(d.tgid, &name).activity
             }
         };
+        let listener = || d.listener.as_deref().unwrap_or(UNKNOWN_LISTENER);
         match d.metric {
-            HistMetric::Accept => a.accept.record_kernel(d),
-            HistMetric::AcceptQueue => a.accept_queue.record_kernel(d),
+            HistMetric::Accept => {
+                a.accept.record_kernel(d);
+                a.listener(listener()).accept.record_kernel(d);
+            }
+            HistMetric::AcceptQueue => {
+                a.accept_queue.record_kernel(d);
+                a.listener(listener()).accept_queue.record_kernel(d);
+            }
             HistMetric::Fork => a.fork.record_kernel(d),
             HistMetric::Thread => a.thread.record_kernel(d),
             HistMetric::ForkUnknown => a.fork_unknown.add(d.count),
@@ -597,6 +646,7 @@ mod tests {
             tgid,
             comm: None,
             metric,
+            listener: None,
             count,
             sum_ns: 2_000 * count,
             min_ns: 2_000,

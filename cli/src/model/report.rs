@@ -118,6 +118,18 @@ pub struct RoleRow {
     pub children_exec: CountRow,
     /// Processes of this role that exited.
     pub exited: CountRow,
+    /// `accept` and `accept_queue` per listening socket the role's
+    /// processes accepted from, busiest first.
+    pub listeners: Vec<ListenerLatencyRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ListenerLatencyRow {
+    /// `127.0.0.1:5432`, `[::1]:80`, a unix socket's path (`@name` in the
+    /// abstract namespace), or `(unknown listener)`.
+    pub listener: String,
+    pub accept: MetricRow,
+    pub accept_queue: MetricRow,
 }
 
 pub const PIDS_SHOWN: usize = 16;
@@ -485,7 +497,27 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
         execs: p.count(&a.execs),
         children_exec: p.count(&a.children_exec),
         exited: p.count(&a.exited),
+        listeners: listener_rows(p, a),
     }
+}
+
+fn listener_rows(p: &Period, a: &Activity) -> Vec<ListenerLatencyRow> {
+    let mut rows: Vec<ListenerLatencyRow> = a
+        .listeners
+        .iter()
+        .map(|(name, l)| ListenerLatencyRow {
+            listener: name.clone(),
+            accept: p.metric(&l.accept),
+            accept_queue: p.metric(&l.accept_queue),
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.accept
+            .total
+            .cmp(&a.accept.total)
+            .then(a.listener.cmp(&b.listener))
+    });
+    rows
 }
 
 #[cfg(test)]
@@ -534,6 +566,71 @@ mod tests {
         t.apply(&accepts(2, "busy", &[1000, 2000, 3000, 4000]));
         t.apply(&accepts(3, "quiet", &[7]));
         t
+    }
+
+    #[test]
+    fn a_roles_accepts_are_broken_down_per_listener_across_its_processes() {
+        let mut t = ProcessTable::default();
+        let worker = |pid| LiveProcess {
+            pid,
+            name: "srv".into(),
+            title: None,
+            parent: None,
+            container: None,
+            ns_pid: None,
+        };
+        t.sync_watched(&[worker(1), worker(2)]);
+        let from = |pid, metric, listener, ns: &[u64]| {
+            crate::model::fixtures::kernel_hist_from(pid, "srv", metric, listener, ns)
+        };
+        t.apply(&from(
+            1,
+            HistMetric::Accept,
+            Some("127.0.0.1:80"),
+            &[1000, 2000],
+        ));
+        t.apply(&from(2, HistMetric::Accept, Some("127.0.0.1:80"), &[3000]));
+        t.apply(&from(
+            2,
+            HistMetric::Accept,
+            Some("/run/srv.sock"),
+            &[50_000],
+        ));
+        t.apply(&from(
+            2,
+            HistMetric::AcceptQueue,
+            Some("127.0.0.1:80"),
+            &[400],
+        ));
+        t.apply(&from(1, HistMetric::Accept, None, &[9]));
+        let r = Report::build(
+            ReportKind::Summary,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        let role = &r.roles[0];
+        let rows: Vec<(&str, u64, u64)> = role
+            .listeners
+            .iter()
+            .map(|l| (l.listener.as_str(), l.accept.total, l.accept_queue.total))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("127.0.0.1:80", 3, 1),
+                ("(unknown listener)", 1, 0),
+                ("/run/srv.sock", 1, 0),
+            ]
+        );
+        assert_eq!(
+            rows.iter().map(|r| r.1).sum::<u64>(),
+            role.accept.total,
+            "every accept in one listener's row"
+        );
+        let unix = &role.listeners[2].accept.latency;
+        assert!((49_000..=51_000).contains(&unix.p50_ns), "{unix:?}");
     }
 
     #[test]
@@ -858,6 +955,7 @@ mod tests {
         t.apply(&E::Hist(crate::model::event::HistDelta {
             tgid: 2,
             comm: None,
+            listener: None,
             metric: crate::model::event::HistMetric::AcceptUntimed,
             count: 1,
             sum_ns: 0,

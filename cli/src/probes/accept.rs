@@ -9,9 +9,9 @@ use aya::{
     programs::{FExit, KProbe},
 };
 use probes_common::accept::{
-    ACCEPT_CONFIG_MAP, ACCEPT_START_MAP, ENTER_PROGRAM, ENTER_TRACEPOINTS, EXIT_PROGRAM,
-    EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FD_WALK_MEMBERS, FEXIT_PROGRAMS, INET_CSK_ACCEPT,
-    KRETPROBE_PROGRAM, SOCK_FROM_HOOK,
+    ACCEPT_CONFIG_MAP, ACCEPT_START_MAP, ENTER_FD_OFFSET_GLOBAL, ENTER_PROGRAM, ENTER_TRACEPOINTS,
+    EXIT_PROGRAM, EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FD_WALK_MEMBERS, FEXIT_PROGRAMS,
+    INET_CSK_ACCEPT, KRETPROBE_PROGRAM, SOCK_FROM_HOOK,
 };
 
 use super::{
@@ -21,11 +21,13 @@ use super::{
     tracefs::Tracefs,
 };
 
-/// The `ret` offset from this kernel's tracepoint layouts (one program serves
-/// accept and accept4, so their layouts must agree), and the in-flight slots.
+/// The `fd` and `ret` offsets from this kernel's tracepoint layouts (one
+/// program serves accept and accept4, so their layouts must agree), and the
+/// in-flight slots.
 pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
+    let fd = tracefs.same_offset("syscalls", &ENTER_TRACEPOINTS, "fd", 8)?;
     let ret = tracefs.same_offset("syscalls", &EXIT_TRACEPOINTS, "ret", 8)?;
-    let mut globals = vec![(EXIT_RET_OFFSET_GLOBAL, ret)];
+    let mut globals = vec![(ENTER_FD_OFFSET_GLOBAL, fd), (EXIT_RET_OFFSET_GLOBAL, ret)];
     globals.extend(btf.offsets(FD_WALK_MEMBERS)?);
     Ok(Setup {
         globals,

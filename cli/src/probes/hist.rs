@@ -134,6 +134,8 @@ const MAPS: [&str; 2] = [HISTS_MAP, HISTS_SPARE_MAP];
 #[derive(Clone, Debug, Default)]
 pub struct KernelHists {
     seen: HashMap<(usize, HistKey), Totals>,
+    /// Listeners named so far, by (process, fd + 1).
+    listeners: HashMap<(u32, u32), String>,
 }
 
 impl KernelHists {
@@ -175,12 +177,35 @@ impl KernelHists {
                         .then(|| procfs::read(key.tgid).map(|p| p.comm))
                         .flatten()
                 };
-                if let Some(d) = self.read_in(index, key, values.iter(), gone, comm) {
+                let listener = self.listener(key, gone);
+                if let Some(mut d) = self.read_in(index, key, values.iter(), gone, comm) {
+                    d.listener = listener;
                     f(Event::Hist(d));
                 }
             }
         }
+        self.listeners
+            .retain(|(tgid, _), _| !exited.get(tgid).is_some_and(|&gone| gone));
         Ok(())
+    }
+
+    /// The name of the listener `key` counts accepts from, asked of the
+    /// process's fd table the first time (a process that is gone can no
+    /// longer say).
+    fn listener(&mut self, key: HistKey, gone: bool) -> Option<String> {
+        if key.listener == 0 {
+            return None;
+        }
+        if let Some(name) = self.listeners.get(&(key.tgid, key.listener)) {
+            return Some(name.clone());
+        }
+        if gone {
+            return None;
+        }
+        let name = procfs::listener_name(key.tgid, key.listener - 1)?;
+        self.listeners
+            .insert((key.tgid, key.listener), name.clone());
+        Some(name)
     }
 
     /// What `key`'s histogram gained since it was last read, given its
@@ -232,6 +257,7 @@ impl KernelHists {
         Some(HistDelta {
             tgid: key.tgid,
             comm: comm(),
+            listener: None,
             metric,
             count: gain.count,
             sum_ns: gain.sum,
@@ -242,13 +268,10 @@ impl KernelHists {
     }
 }
 
-/// How many samples of `metric` process `tgid`'s histogram holds, after
-/// which its histograms are removed (for stackprobe's own self-check).
+/// How many samples of `metric` process `tgid`'s histograms hold (from any
+/// listener), after which its histograms are removed (for stackprobe's own
+/// self-check).
 pub fn take(ebpf: &mut Ebpf, tgid: u32, metric: HistMetric) -> Result<u64> {
-    let key = |metric: HistMetric| HistKey {
-        tgid,
-        metric: metric as u32,
-    };
     let mut count = 0;
     for name in MAPS {
         let map = ebpf
@@ -256,11 +279,18 @@ pub fn take(ebpf: &mut Ebpf, tgid: u32, metric: HistMetric) -> Result<u64> {
             .with_context(|| format!("the probes lack the {name} map"))?;
         let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> =
             PerCpuHashMap::try_from(map)?;
-        count += hists
-            .get(&key(metric), 0)
-            .map_or(0, |values| Totals::of_cpus(values.iter()).count);
-        for m in HistMetric::ALL {
-            let _ = hists.remove(&key(m));
+        let keys: Vec<HistKey> = hists
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == tgid)
+            .collect();
+        for key in keys {
+            if key.metric == metric as u32 {
+                count += hists
+                    .get(&key, 0)
+                    .map_or(0, |values| Totals::of_cpus(values.iter()).count);
+            }
+            let _ = hists.remove(&key);
         }
     }
     Ok(count)
@@ -349,6 +379,8 @@ mod tests {
         let key = HistKey {
             tgid: 7,
             metric: HistMetric::Fork as u32,
+            listener: 0,
+            _pad: 0,
         };
         let name = || Some("srv".to_string());
         let mut hists = KernelHists::default();
@@ -384,6 +416,8 @@ mod tests {
         let key = HistKey {
             tgid: 7,
             metric: HistMetric::Accept as u32,
+            listener: 0,
+            _pad: 0,
         };
         let mut hists = KernelHists::default();
         assert_eq!(

@@ -154,6 +154,33 @@ fn role_block(r: &RoleRow) -> String {
             let _ = writeln!(out, "  {label:<15} {}", percentile_line(&m.latency));
         }
     }
+    // Apart only when the role accepts from more than one listener.
+    let active: Vec<_> = r
+        .listeners
+        .iter()
+        .filter(|l| l.accept.latency.count > 0)
+        .collect();
+    if active.len() > 1 {
+        for l in active {
+            let _ = writeln!(
+                out,
+                "  from {}  accepts {} ({:.1}/s)",
+                l.listener, l.accept.latency.count, l.accept.rate_per_s
+            );
+            let _ = writeln!(
+                out,
+                "    accept latency  {}",
+                percentile_line(&l.accept.latency)
+            );
+            if l.accept_queue.latency.count > 0 {
+                let _ = writeln!(
+                    out,
+                    "    accept queue    {}",
+                    percentile_line(&l.accept_queue.latency)
+                );
+            }
+        }
+    }
     out
 }
 
@@ -441,6 +468,43 @@ mod tests {
             format!("  [8K, 16K)             1 |{}|", "@".repeat(40))
         );
         assert_eq!(lines.len(), 14);
+    }
+
+    #[test]
+    fn a_role_with_two_listeners_shows_each() {
+        use crate::model::{event::HistMetric, fixtures::kernel_hist_from, report::ReportKind};
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(42, "postgres")]);
+        for (listener, samples) in [
+            ("127.0.0.1:5432", &[8_000u64, 9_000][..]),
+            ("/run/postgresql/.s.PGSQL.5432", &[3_000][..]),
+        ] {
+            t.apply(&kernel_hist_from(
+                42,
+                "postgres",
+                HistMetric::Accept,
+                Some(listener),
+                samples,
+            ));
+        }
+        let r = Report::build(
+            ReportKind::Summary,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            crate::model::probe_stats::Drops::default(),
+        );
+        let text = render(&r);
+        assert!(
+            text.contains(
+                "  from 127.0.0.1:5432  accepts 2 (2.0/s)\n    accept latency  min 8.0µs"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  from /run/postgresql/.s.PGSQL.5432  accepts 1 (1.0/s)"),
+            "{text}"
+        );
     }
 
     #[test]

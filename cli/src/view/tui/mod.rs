@@ -533,8 +533,30 @@ fn percentile_row(name: &str, s: &Summary) -> Row<'static> {
 
 fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'_>) {
     let r = line.role;
+    let mut rows = vec![
+        ("accept".to_string(), &r.accept.latency),
+        ("accept queue".to_string(), &r.accept_queue.latency),
+        ("fork".to_string(), &r.fork.latency),
+        ("child life".to_string(), &r.child_lifetime.latency),
+    ];
+    // A role accepting from more than one listener: each one's accepts and
+    // queue wait, under the role's.
+    if r.listeners.len() > 1 {
+        for l in &r.listeners {
+            rows.push((format!("from {}", l.listener), &l.accept.latency));
+            if l.accept_queue.total > 0 {
+                rows.push(("  queue".to_string(), &l.accept_queue.latency));
+            }
+        }
+    }
+    let name_width = rows
+        .iter()
+        .map(|(n, _)| n.chars().count())
+        .max()
+        .unwrap_or(12)
+        .clamp(12, 40);
     let [table_area, bars_area, spark_area, links_area] = Layout::vertical([
-        Constraint::Length(6),
+        Constraint::Length(rows.len() as u16 + 2),
         Constraint::Min(3),
         Constraint::Length(3),
         Constraint::Length(4),
@@ -567,14 +589,9 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
         },
     );
     let table = Table::new(
-        vec![
-            percentile_row("accept", &r.accept.latency),
-            percentile_row("accept queue", &r.accept_queue.latency),
-            percentile_row("fork", &r.fork.latency),
-            percentile_row("child life", &r.child_lifetime.latency),
-        ],
+        rows.iter().map(|(name, s)| percentile_row(name, s)),
         [
-            Constraint::Length(12),
+            Constraint::Length(name_width as u16),
             Constraint::Length(7),
             Constraint::Length(9),
             Constraint::Length(9),
@@ -859,6 +876,49 @@ mod tests {
         assert!(text.contains("child life"));
         d.key(KeyEvent::from(KeyCode::Esc));
         assert!(screen(&d, 80, 24).0.contains("ACC/s"));
+    }
+
+    #[test]
+    fn the_detail_lists_each_listener_of_a_role_with_two() {
+        use crate::model::{event::HistMetric, fixtures::kernel_hist_from};
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "postgres")]);
+        for (listener, n, ns) in [
+            ("127.0.0.1:5432", 30, 9_000),
+            ("/run/postgresql/.s.PGSQL.5432", 12, 4_000),
+        ] {
+            let samples = vec![ns; n];
+            t.apply(&kernel_hist_from(
+                1,
+                "postgres",
+                HistMetric::Accept,
+                Some(listener),
+                &samples,
+            ));
+        }
+        let report = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        let mut d = Dashboard::new(false);
+        d.update(report, status());
+        d.key(KeyEvent::from(KeyCode::Enter));
+        let (text, _) = screen(&d, 100, 30);
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+                .to_string()
+        };
+        assert!(row("from 127.0.0.1:5432").contains(" 30 "), "{text}");
+        assert!(
+            row("from /run/postgresql/.s.PGSQL.5432").contains(" 12 "),
+            "{text}"
+        );
+        assert!(row("accept ").contains(" 42 "), "{text}");
     }
 
     #[test]
