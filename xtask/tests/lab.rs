@@ -226,6 +226,22 @@ fn postgres_accepts_forks(s: &Value) -> (u64, u64) {
     )
 }
 
+/// Postgres's accepts over its TCP listener and over its unix socket.
+fn postgres_accepts_by_path(s: &Value) -> (u64, u64) {
+    let (mut tcp, mut unix) = (0, 0);
+    for r in roles(s, "postgres") {
+        for l in r["listeners"].as_array().unwrap() {
+            let n = l["accept"]["total"].as_u64().unwrap();
+            match l["listener"].as_str().unwrap() {
+                "127.0.0.1:15432" => tcp += n,
+                path if path.ends_with("/.s.PGSQL.15432") => unix += n,
+                other => panic!("postgres accepted from {other}: {r}"),
+            }
+        }
+    }
+    (tcp, unix)
+}
+
 /// Sum of a metric's `total` over roles whose name starts with `prefix`.
 fn role_total(s: &Value, prefix: &str, metric: &str) -> u64 {
     roles(s, prefix)
@@ -489,6 +505,11 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
         run.requests
     );
     within_1_percent("postgres forks vs accepts", forks, accepts);
+    assert_eq!(
+        postgres_accepts_by_path(&s),
+        (accepts, 0),
+        "every accept from the TCP listener"
+    );
     within_1_percent(
         "postgres accepts vs bpftrace",
         accepts,
@@ -627,6 +648,11 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
         run.requests
     );
     within_1_percent("postgres forks vs accepts", forks, accepts);
+    assert_eq!(
+        postgres_accepts_by_path(&s),
+        (0, accepts),
+        "every accept from the unix socket"
+    );
     assert_eq!(
         time_wait(&s, 15432).1,
         0,
