@@ -168,6 +168,12 @@ fn accepts_are_counted_per_listener_tcp_and_unix_apart() {
     // The queue wait is a TCP connection's: on the TCP listener only.
     assert_eq!(role["listeners"][0]["accept_queue"]["total"], 7, "{role}");
     assert_eq!(role["listeners"][1]["accept_queue"]["total"], 0, "{role}");
+    // The TCP listener's backlog as the walk found it (all accepted: none
+    // waiting), the unix socket's unknown.
+    let tcp = &role["listeners"][0];
+    assert_eq!(tcp["backlog"], 0, "{role}");
+    assert!(tcp["max_backlog"].as_u64().unwrap() > 0, "{role}");
+    assert!(role["listeners"][1]["backlog"].is_null(), "{role}");
     server.stop();
     assert!(programs_left_loaded().is_empty());
 }

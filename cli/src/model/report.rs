@@ -130,6 +130,11 @@ pub struct ListenerLatencyRow {
     pub listener: String,
     pub accept: MetricRow,
     pub accept_queue: MetricRow,
+    /// A TCP listener's connections waiting to be accepted now, and the
+    /// limit, as the last walk of the sockets found them; null for a unix
+    /// socket (the walk covers TCP only) or a listener it did not find.
+    pub backlog: Option<u32>,
+    pub max_backlog: Option<u32>,
 }
 
 pub const PIDS_SHOWN: usize = 16;
@@ -355,6 +360,9 @@ impl Report {
             .collect();
         processes.sort_by(|a, b| b.total.cmp(&a.total).then(a.pid.cmp(&b.pid)));
         let tcp = tcp_report(&p, table);
+        for role in &mut roles {
+            attach_backlogs(role, &tcp.listeners, table);
+        }
         Self {
             schema: SCHEMA,
             kind,
@@ -501,6 +509,21 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
     }
 }
 
+/// Each of the role's TCP listeners' backlog, from the walk's listener of
+/// that address held by one of the role's processes.
+fn attach_backlogs(role: &mut RoleRow, walked: &[ListenerRow], table: &ProcessTable) {
+    for l in &mut role.listeners {
+        let found = walked.iter().find(|w| {
+            let address = w.address.split(" in net:").next().unwrap_or(&w.address);
+            address == l.listener && table.get(w.pid).is_some_and(|p| p.role() == role.role)
+        });
+        if let Some(w) = found {
+            l.backlog = Some(w.backlog);
+            l.max_backlog = Some(w.max_backlog);
+        }
+    }
+}
+
 fn listener_rows(p: &Period, a: &Activity) -> Vec<ListenerLatencyRow> {
     let mut rows: Vec<ListenerLatencyRow> = a
         .listeners
@@ -509,6 +532,8 @@ fn listener_rows(p: &Period, a: &Activity) -> Vec<ListenerLatencyRow> {
             listener: name.clone(),
             accept: p.metric(&l.accept),
             accept_queue: p.metric(&l.accept_queue),
+            backlog: None,
+            max_backlog: None,
         })
         .collect();
     rows.sort_by(|a, b| {

@@ -162,9 +162,13 @@ fn role_block(r: &RoleRow) -> String {
         .collect();
     if active.len() > 1 {
         for l in active {
+            let backlog = match (l.backlog, l.max_backlog) {
+                (Some(n), Some(max)) => format!("  backlog {n}/{max}"),
+                _ => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "  from {}  accepts {} ({:.1}/s)",
+                "  from {}  accepts {} ({:.1}/s){backlog}",
                 l.listener, l.accept.latency.count, l.accept.rate_per_s
             );
             let _ = writeln!(
