@@ -106,69 +106,75 @@ pub fn socket_inodes(pid: u32) -> Vec<u64> {
 
 /// The address of the listening socket `pid` holds as `fd`: `127.0.0.1:5432`
 /// or `[::1]:5432` for TCP, the path for a unix socket (`@name` in the
-/// abstract namespace), from /proc/PID/net (its network namespace's
-/// sockets). None if the fd is not a listening TCP or unix socket, or the
-/// process is gone.
+/// abstract namespace). None if the fd is not a listening socket, or the
+/// process is gone. Asked of a duplicate of the fd (pidfd_getfd), not of
+/// /proc/PID/net/tcp: reading that walks the kernel's whole table of
+/// connections, tens of milliseconds with thousands of TIME_WAIT sockets.
 pub fn listener_name(pid: u32, fd: u32) -> Option<String> {
-    let link = fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
-    let inode: u64 = link
-        .to_str()?
-        .strip_prefix("socket:[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()?;
-    let table = |name: &str| fs::read_to_string(format!("/proc/{pid}/net/{name}")).ok();
-    ["tcp", "tcp6"]
-        .into_iter()
-        .find_map(|t| tcp_listener(&table(t)?, inode))
-        .or_else(|| unix_listener(&table("unix")?, inode))
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    // SAFETY: plain syscalls; each fd they return is owned at once.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let pidfd = unsafe { OwnedFd::from_raw_fd(i32::try_from(pidfd).ok().filter(|&f| f >= 0)?) };
+    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    let dup = unsafe { OwnedFd::from_raw_fd(i32::try_from(dup).ok().filter(|&f| f >= 0)?) };
+    let mut listening: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the option is an int, and `len` says so.
+    let ok = unsafe {
+        libc::getsockopt(
+            dup.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&raw mut listening).cast(),
+            &mut len,
+        )
+    };
+    if ok != 0 || listening == 0 {
+        return None;
+    }
+    // SAFETY: sockaddr_storage is plain data, zeroes included, and holds
+    // any address getsockname writes; `len` says how much it may.
+    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let ok = unsafe { libc::getsockname(dup.as_raw_fd(), (&raw mut addr).cast(), &mut len) };
+    (ok == 0)
+        .then(|| socket_address(&addr, len as usize))
+        .flatten()
 }
 
-/// The local address of the listening socket `inode` in a /proc/net/tcp or
-/// tcp6 table.
-fn tcp_listener(table: &str, inode: u64) -> Option<String> {
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
-        if f.len() < 10 || f[3] != "0A" || f[9].parse::<u64>().ok()? != inode {
-            return None;
+/// A socket address as the views write it.
+fn socket_address(addr: &libc::sockaddr_storage, len: usize) -> Option<String> {
+    let family = libc::c_int::from(addr.ss_family);
+    // SAFETY (each cast): sockaddr_storage is large and aligned enough for
+    // every address type, and the family says which one it holds.
+    match family {
+        libc::AF_INET => {
+            let a = unsafe { &*(&raw const *addr).cast::<libc::sockaddr_in>() };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(std::net::SocketAddr::from((ip, u16::from_be(a.sin_port))).to_string())
         }
-        let (ip, port) = f[1].split_once(':')?;
-        let port = u16::from_str_radix(port, 16).ok()?;
-        // The kernel prints each 32-bit word of the address as a host-order
-        // (little-endian here) hex number.
-        let mut bytes = Vec::with_capacity(16);
-        for word in ip.as_bytes().chunks(8) {
-            let w = u32::from_str_radix(std::str::from_utf8(word).ok()?, 16).ok()?;
-            bytes.extend_from_slice(&w.to_ne_bytes());
+        libc::AF_INET6 => {
+            let a = unsafe { &*(&raw const *addr).cast::<libc::sockaddr_in6>() };
+            let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(std::net::SocketAddr::from((ip, u16::from_be(a.sin6_port))).to_string())
         }
-        let addr = match bytes.len() {
-            4 => std::net::SocketAddr::from((<[u8; 4]>::try_from(bytes).ok()?, port)),
-            16 => {
-                let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?);
-                std::net::SocketAddr::from((v6, port))
-            }
-            _ => return None,
-        };
-        Some(addr.to_string())
-    })
-}
-
-/// The path of the listening unix socket `inode` in /proc/net/unix (state
-/// 01, flags with __SO_ACCEPTCON).
-fn unix_listener(table: &str, inode: u64) -> Option<String> {
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // Num RefCount Protocol Flags Type St Inode [Path]
-        if f.len() < 7 || f[6].parse::<u64>().ok()? != inode {
-            return None;
+        libc::AF_UNIX => {
+            let a = unsafe { &*(&raw const *addr).cast::<libc::sockaddr_un>() };
+            let path_len = len.saturating_sub(size_of::<libc::sa_family_t>());
+            let path: Vec<u8> = a.sun_path[..path_len.min(a.sun_path.len())]
+                .iter()
+                .map(|&c| c as u8)
+                .collect();
+            Some(match path.split_first() {
+                None => "(unnamed unix socket)".to_string(),
+                // The abstract namespace: a leading NUL, no terminating one.
+                Some((0, name)) => format!("@{}", String::from_utf8_lossy(name)),
+                Some(_) => String::from_utf8_lossy(path.split(|&c| c == 0).next().unwrap_or(&[]))
+                    .into_owned(),
+            })
         }
-        let listening = u32::from_str_radix(f[3], 16).is_ok_and(|flags| flags & 0x10000 != 0);
-        listening.then(|| {
-            f.get(7)
-                .map_or_else(|| "(unnamed unix socket)".into(), |p| p.to_string())
-        })
-    })
+        _ => None,
+    }
 }
 
 /// The TcpExt counters of /proc/net/netstat named in `names` (cumulative
@@ -328,27 +334,26 @@ mod tests {
     }
 
     #[test]
-    fn names_listeners_from_the_socket_tables() {
-        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:1538 00000000:0000 0A 00000000:00000000 00:00000000 00000000   106        0 4242 1 0 100 0 0 10 0\n   1: 0100007F:1538 0100007F:C350 01 00000000:00000000 00:00000000 00000000   106        0 4243 1 0\n";
-        assert_eq!(tcp_listener(tcp, 4242).as_deref(), Some("127.0.0.1:5432"));
-        assert_eq!(tcp_listener(tcp, 4243), None, "an established socket");
-        let tcp6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 77 1 0\n";
-        assert_eq!(tcp_listener(tcp6, 77).as_deref(), Some("[::1]:8080"));
-        let unix = "Num       RefCount Protocol Flags    Type St Inode Path\n0000000081a445d3: 00000002 00000000 00010000 0001 01 5555 /run/postgresql/.s.PGSQL.5432\n0000000081a445d4: 00000003 00000000 00000000 0001 03 5556 /run/postgresql/.s.PGSQL.5432\n0000000081a445d5: 00000002 00000000 00010000 0001 01 5557 @abstract\n";
-        assert_eq!(
-            unix_listener(unix, 5555).as_deref(),
-            Some("/run/postgresql/.s.PGSQL.5432")
-        );
-        assert_eq!(unix_listener(unix, 5556), None, "a connected socket");
-        assert_eq!(unix_listener(unix, 5557).as_deref(), Some("@abstract"));
-        // This process's own listener.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&l) as u32;
-        assert_eq!(
-            listener_name(std::process::id(), fd),
-            Some(l.local_addr().unwrap().to_string())
-        );
-        assert_eq!(listener_name(std::process::id(), 0), None);
+    fn names_a_processs_listeners_from_their_fds() {
+        use std::os::fd::AsRawFd as _;
+        let me = std::process::id();
+        let name = |fd: &dyn std::os::fd::AsRawFd| listener_name(me, fd.as_raw_fd() as u32);
+        let v4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(name(&v4), Some(v4.local_addr().unwrap().to_string()));
+        let v6 = std::net::TcpListener::bind("[::1]:0").unwrap();
+        assert_eq!(name(&v6), Some(v6.local_addr().unwrap().to_string()));
+        let dir = std::env::temp_dir().join(format!("procfs-listener-{me}"));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("srv.sock");
+        let unix = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        assert_eq!(name(&unix).as_deref(), path.to_str());
+        // A connected socket is not a listener.
+        let client = std::net::TcpStream::connect(v4.local_addr().unwrap()).unwrap();
+        assert_eq!(name(&client), None);
+        assert_eq!(listener_name(me, 999_999), None, "no such fd");
+        assert!(client.as_raw_fd() > 0);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -134,8 +134,9 @@ const MAPS: [&str; 2] = [HISTS_MAP, HISTS_SPARE_MAP];
 #[derive(Clone, Debug, Default)]
 pub struct KernelHists {
     seen: HashMap<(usize, HistKey), Totals>,
-    /// Listeners named so far, by (process, fd + 1).
-    listeners: HashMap<(u32, u32), String>,
+    /// Listeners named so far (None: the fd was no listener when asked),
+    /// by (process, fd + 1): each is asked once.
+    listeners: HashMap<(u32, u32), Option<String>>,
 }
 
 impl KernelHists {
@@ -197,15 +198,15 @@ impl KernelHists {
             return None;
         }
         if let Some(name) = self.listeners.get(&(key.tgid, key.listener)) {
-            return Some(name.clone());
+            return name.clone();
         }
         if gone {
             return None;
         }
-        let name = procfs::listener_name(key.tgid, key.listener - 1)?;
+        let name = procfs::listener_name(key.tgid, key.listener - 1);
         self.listeners
             .insert((key.tgid, key.listener), name.clone());
-        Some(name)
+        name
     }
 
     /// What `key`'s histogram gained since it was last read, given its
