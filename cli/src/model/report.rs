@@ -513,9 +513,11 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
 /// that address held by one of the role's processes.
 fn attach_backlogs(role: &mut RoleRow, walked: &[ListenerRow], table: &ProcessTable) {
     for l in &mut role.listeners {
+        // The walk names a listener in another namespace with its suffix;
+        // its process names it without.
         let found = walked.iter().find(|w| {
-            let address = w.address.split(" in net:").next().unwrap_or(&w.address);
-            address == l.listener && table.get(w.pid).is_some_and(|p| p.role() == role.role)
+            w.address.strip_suffix(&netns_suffix(w.netns)) == Some(l.listener.as_str())
+                && table.get(w.pid).is_some_and(|p| p.role() == role.role)
         });
         if let Some(w) = found {
             l.backlog = Some(w.backlog);

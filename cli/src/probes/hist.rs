@@ -178,9 +178,8 @@ impl KernelHists {
                         .then(|| procfs::read(key.tgid).map(|p| p.comm))
                         .flatten()
                 };
-                let listener = self.listener(key, gone);
                 if let Some(mut d) = self.read_in(index, key, values.iter(), gone, comm) {
-                    d.listener = listener;
+                    d.listener = self.listener(key, gone);
                     f(Event::Hist(d));
                 }
             }
