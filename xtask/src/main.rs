@@ -135,6 +135,7 @@ fn main() -> ExitCode {
         },
         Task::Bench { which, quick } => setup::run()
             .and_then(|()| setup::apt_packages(&lab::PACKAGES))
+            .and_then(|()| setup::apt_packages(&bench::PACKAGES))
             .and_then(|()| match &which {
                 None => bench::all(&bench::Scale { quick }),
                 Some(which) => {

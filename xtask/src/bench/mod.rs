@@ -28,6 +28,9 @@ use crate::{lab, process, setup, tasks};
 
 pub use probe_cost::{ACCEPT, CHURN, FORK};
 
+/// bpftool reads every program's run count and run time, and map memory.
+pub const PACKAGES: [&str; 1] = ["bpftool"];
+
 /// Turns the kernel's BPF run-time statistics on and restores the old value
 /// on drop.
 pub struct BpfStats(String);
