@@ -59,8 +59,7 @@ impl KernelMap {
         let key = HistKey {
             tgid,
             metric: metric as u32,
-            listener: 0,
-            _pad: 0,
+            path: 0,
         };
         let cpus = self
             .0

@@ -275,7 +275,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The metrics a recording holds, for `--metric`.
-pub const METRICS: [&str; 5] = ["accept", "accept_queue", "fork", "thread", "child_lifetime"];
+pub use crate::export::hlog::METRICS;
 
 /// Longer runs and intervals are refused rather than overflowing a clock.
 const LONGEST: Duration = Duration::from_secs(10 * 365 * 86_400);

@@ -55,10 +55,19 @@ pub enum HistMetric {
     /// accept() when the probes attached): counted, with no latency. Their
     /// samples are recorded as 0 ns; only the count means anything.
     AcceptUntimed = 6,
+    /// A connect that succeeded: TCP, from SYN to ESTABLISHED; unix, the
+    /// syscall.
+    Connect = 7,
+    /// A connect refused (ECONNREFUSED): only its count matters.
+    ConnectRefused = 8,
+    /// A connect that failed otherwise (timed out, unreachable, no such
+    /// socket file, a full unix backlog, closed before it completed): only
+    /// its count matters.
+    ConnectFailed = 9,
 }
 
 impl HistMetric {
-    pub const ALL: [HistMetric; 7] = [
+    pub const ALL: [HistMetric; 10] = [
         Self::Accept,
         Self::AcceptQueue,
         Self::Fork,
@@ -66,6 +75,9 @@ impl HistMetric {
         Self::ForkUnknown,
         Self::ForkFailed,
         Self::AcceptUntimed,
+        Self::Connect,
+        Self::ConnectRefused,
+        Self::ConnectFailed,
     ];
 
     /// The metric a clone's sample goes under: a failed clone (`ret` a
@@ -82,6 +94,14 @@ impl HistMetric {
         }
     }
 
+    /// Whether the samples are connects (their path is a destination).
+    pub fn is_connect(self) -> bool {
+        matches!(
+            self,
+            Self::Connect | Self::ConnectRefused | Self::ConnectFailed
+        )
+    }
+
     pub fn from_u32(metric: u32) -> Option<Self> {
         Self::ALL.get(metric as usize).copied()
     }
@@ -93,14 +113,15 @@ pub struct HistKey {
     pub tgid: u32,
     /// A [`HistMetric`].
     pub metric: u32,
-    /// For accept metrics: the fd of the listening socket accepted from,
-    /// plus one (0: not known, and for every other metric). Userspace names
-    /// the listener from the process's fd table.
-    pub listener: u32,
-    pub _pad: u32,
+    /// Which path the samples took: for accept metrics, the fd of the
+    /// listening socket accepted from, plus one (0: not known), which
+    /// userspace names from the process's fd table; for connect metrics,
+    /// the destination's id (see [`crate::connect`]), which
+    /// the kernel names; 0 for every other metric.
+    pub path: u64,
 }
 
-crate::assert_layout!(HistKey, 16, { tgid: 0, metric: 4, listener: 8, _pad: 12 });
+crate::assert_layout!(HistKey, 16, { tgid: 0, metric: 4, path: 8 });
 
 /// One CPU's share of a histogram. Bucket counts are u32 and may wrap:
 /// userspace takes differences modulo 2^32 between reads, which is exact as

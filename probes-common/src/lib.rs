@@ -6,6 +6,7 @@
 #![no_std]
 
 pub mod accept;
+pub mod connect;
 pub mod event;
 pub mod fork;
 pub mod hist;

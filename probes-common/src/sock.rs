@@ -203,12 +203,14 @@ pub const LISTEN_OWNERS_MAX_ENTRIES: u32 = 4096;
 
 /// `inet_sock.inet_sport`: a closing socket's local port. The kernel
 /// releases the port (zeroing `skc_num`) before it reports the change to
-/// CLOSE; this copy stays.
+/// CLOSE; this copy stays. `sock.sk_err`: why a connect's SYN_SENT ended in
+/// CLOSE (ECONNREFUSED for a reset).
 #[macro_export]
 macro_rules! sock_close_members {
     ($($then:ident)::+) => {
         $($then)::+! {
             INET_SPORT: inet_sock.inet_sport,
+            SK_ERR: sock.sk_err,
         }
     };
 }
@@ -262,14 +264,18 @@ pub struct TrackedSocket {
     /// [`SIDE_ACTIVE`] or [`SIDE_PASSIVE`].
     pub side: u8,
     pub _pad: [u8; 7],
-    /// When a connection arriving at a watched listener completed its
-    /// handshake (entered the accept queue); 0 if not one, or once its
-    /// accept took it.
-    pub established_ns: u64,
+    /// Passive side: when the connection completed its handshake (entered
+    /// its listener's accept queue), taken by its accept. Active side: when
+    /// its connect sent the SYN, taken when it is answered. 0: not known,
+    /// or taken.
+    pub since_ns: u64,
+    /// Active side: the id of where it connects to
+    /// ([`crate::connect::Destination::id`]), 0 if not known.
+    pub destination: u64,
 }
 
-crate::assert_layout!(TrackedSocket, 24, {
-    owner: 0, closer: 4, side: 8, _pad: 9, established_ns: 16,
+crate::assert_layout!(TrackedSocket, 32, {
+    owner: 0, closer: 4, side: 8, _pad: 9, since_ns: 16, destination: 24,
 });
 
 /// Per-CPU counts per link: `LinkKey` → `LinkCounts`.

@@ -169,7 +169,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     hist::record(
         tgid,
         HistMetric::Accept,
-        listener,
+        u64::from(listener),
         end_ns.saturating_sub(start_ns),
     );
     // Unknown for unix sockets and connections established before attach.
@@ -180,7 +180,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         hist::record(
             tgid,
             HistMetric::AcceptQueue,
-            listener,
+            u64::from(listener),
             end_ns.saturating_sub(at),
         );
     }

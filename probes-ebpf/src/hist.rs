@@ -31,8 +31,8 @@ static HISTS_SPARE: PerCpuHashMap<HistKey, HistValue> =
 #[map]
 static HIST_ZERO: PerCpuArray<HistValue> = PerCpuArray::with_max_entries(1, 0);
 
-/// Adds one sample of `ns` to `tgid`'s `metric` (from `listener`, see
-/// [`HistKey::listener`]).
+/// Adds one sample of `ns` to `tgid`'s `metric` (by `path`, see
+/// [`HistKey::path`]).
 ///
 /// The hot path is a lookup and plain stores into this CPU's value: a hash
 /// lookup takes no lock (only inserts and deletes take the bucket lock, and
@@ -42,12 +42,11 @@ static HIST_ZERO: PerCpuArray<HistValue> = PerCpuArray::with_max_entries(1, 0);
 /// programs have one each); a reader on another CPU may see a sample half
 /// recorded, which the next read completes.
 #[inline(always)]
-pub fn record(tgid: u32, metric: HistMetric, listener: u32, ns: u64) {
+pub fn record(tgid: u32, metric: HistMetric, path: u64, ns: u64) {
     let key = HistKey {
         tgid,
         metric: metric as u32,
-        listener,
-        _pad: 0,
+        path,
     };
     let value = match HISTS
         .get_ptr_mut(key)

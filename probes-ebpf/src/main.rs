@@ -11,6 +11,7 @@
 // each other.
 mod accept;
 mod attach_check;
+mod connect;
 mod fork;
 mod sock;
 mod tcp_state;
@@ -21,6 +22,7 @@ mod watch;
 // helpers.
 mod clock;
 mod closers;
+mod destinations;
 mod events;
 mod hist;
 mod memory;

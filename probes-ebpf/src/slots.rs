@@ -1,9 +1,9 @@
 //! Per-thread slots for syscalls in flight (see probes_common::DEFAULT_SLOTS):
-//! the accept and clone probes keep their start here, the clone probe's flags
+//! the accept, clone and connect probes keep their start here, the clone probe's flags
 //! are read here by `sched_process_fork`, and a thread's exit frees its slots.
 
 use aya_ebpf::{Global, macros::map, maps::Array};
-use probes_common::{DEFAULT_SLOTS, accept::AcceptStart, fork::ForkStart};
+use probes_common::{DEFAULT_SLOTS, accept::AcceptStart, connect::ConnectStart, fork::ForkStart};
 
 /// Slot count minus one, set by userspace from pid_max.
 // SAFETY: no other symbol has this name; userspace sets the global by it.
@@ -12,6 +12,9 @@ static SLOT_MASK: Global<u32> = Global::new(DEFAULT_SLOTS - 1);
 
 #[map]
 static ACCEPT_START: Array<AcceptStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
+#[map]
+static CONNECT_START: Array<ConnectStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 
 #[map]
 static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
@@ -38,6 +41,12 @@ pub fn accept(tid: u32) -> Option<&'static mut AcceptStart> {
     slot(&ACCEPT_START, tid)
 }
 
+/// Thread `tid`'s unix connect slot.
+#[inline(always)]
+pub fn connect(tid: u32) -> Option<&'static mut ConnectStart> {
+    slot(&CONNECT_START, tid)
+}
+
 /// Thread `tid`'s clone slot.
 #[inline(always)]
 pub fn fork(tid: u32) -> Option<&'static mut ForkStart> {
@@ -62,6 +71,11 @@ pub fn forget_thread(tid: u32) {
         slot.start_ns = 0;
     }
     if let Some(slot) = fork(tid)
+        && slot.tid == tid
+    {
+        slot.start_ns = 0;
+    }
+    if let Some(slot) = connect(tid)
         && slot.tid == tid
     {
         slot.start_ns = 0;

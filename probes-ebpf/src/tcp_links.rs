@@ -11,6 +11,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuHashMap},
 };
 use probes_common::{
+    connect::TcpDestination,
     sock::{
         AF_INET6, Closer, LINKS_MAX_ENTRIES, LISTEN_OWNERS_MAX_ENTRIES, LinkCounts, LinkKey,
         ListenOwner, SIDE_ACTIVE, SOCK_WINDOW, TW_COUNTS_MAX_ENTRIES, TwCount, listen_key,
@@ -172,6 +173,30 @@ impl Ends {
             peer_ip: if active { [0; 16] } else { self.raddr },
             netns: self.netns,
         }
+    }
+
+    /// Where an active socket connects to, and the id its connect samples
+    /// carry: a hash of the remote address, port and namespace (a unix
+    /// destination's id hashes its path; see probes_common::connect).
+    #[inline(always)]
+    pub fn destination(&self) -> (u64, TcpDestination) {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&self.raddr[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        };
+        let port = u16::from_be(self.rport_be);
+        let mut h = closers::mix(0, u64::from(self.family) | u64::from(port) << 16);
+        h = closers::mix(h, u64::from(self.netns));
+        h = closers::mix(h, word(0));
+        h = closers::mix(h, word(1));
+        let d = TcpDestination {
+            family: self.family,
+            port,
+            netns: self.netns,
+            addr: self.raddr,
+        };
+        (closers::finish(h) | 1, d)
     }
 
     /// Whether the remote end is this host as seen from the local end:

@@ -16,7 +16,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use probes_common::{
+    connect::ECONNREFUSED,
     event::EventKind,
+    hist::HistMetric,
     sock::{
         LinkCounts, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT,
         TCP_CLOSING, TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_LAST_ACK, TCP_LISTEN,
@@ -27,7 +29,7 @@ use probes_common::{
 
 use crate::{
     clock::now,
-    events, memory,
+    destinations, events, hist, memory,
     offsets::offset_globals,
     tcp_links::{self, Ends},
     tracked,
@@ -114,8 +116,29 @@ pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
             (*t).next = (*t).next.wrapping_add(1);
         }
     }
-    on_btf_change(sk, old, new);
+    on_btf_change(sk, old, new, Instance::First);
     0
+}
+
+/// Which copy of the state probe runs: the kernel's histograms take a
+/// sample as plain stores into this CPU's value, which the nested copy,
+/// interrupting the first on its CPU, must not share. So its connect
+/// samples go under the destination's id with the lowest bit cleared (ids
+/// have it set), which userspace names alike.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Instance {
+    First,
+    Nested,
+}
+
+impl Instance {
+    #[inline(always)]
+    fn hist_path(self, destination: u64) -> u64 {
+        match self {
+            Instance::First => destination,
+            Instance::Nested => destination & !1,
+        }
+    }
 }
 
 /// Attached after `tcp_state_btf`, it handles the changes that one did not
@@ -149,7 +172,7 @@ pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     events::count(Stat::TcpStateNested);
-    on_btf_change(sk, old, new);
+    on_btf_change(sk, old, new, Instance::Nested);
     0
 }
 
@@ -169,8 +192,8 @@ fn btf_args(ctx: &BtfTracePointContext) -> (u64, u8, u8) {
 }
 
 #[inline(always)]
-fn on_btf_change(sk: u64, old: u8, new: u8) {
-    on_change(sk, old, new, || {
+fn on_btf_change(sk: u64, old: u8, new: u8, instance: Instance) {
+    on_change(sk, old, new, instance, || {
         tcp_links::read::<u16>(sk, &SK_PROTOCOL) == Some(IPPROTO_TCP)
     });
 }
@@ -186,14 +209,19 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     let sk: u64 = tcp_links::at(&record, &TP_SKADDR);
     let old = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_OLDSTATE) as u8;
     let new = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_NEWSTATE) as u8;
-    on_change(sk, old, new, || true);
+    // Classic tracepoints do not nest on a CPU: one copy.
+    on_change(sk, old, new, Instance::First, || true);
     0
 }
 
 /// One state change of the socket at `sk`; `is_tcp` says whether it is a
 /// TCP socket, asked only of a socket about to be tracked.
 #[inline(always)]
-fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
+fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce() -> bool) {
+    if old == TCP_SYN_SENT && new == TCP_ESTABLISHED {
+        connected(sk, instance);
+        return;
+    }
     let listen = new == TCP_LISTEN || old == TCP_LISTEN;
     let counted = matches!(
         (old, new),
@@ -201,9 +229,9 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
     );
     let by_owner = by_owner(old, new);
     if !counted && !listen && !by_owner {
-        // CLOSE → SYN_RECV, SYN_SENT → ESTABLISHED, FIN_WAIT1 → FIN_WAIT2,
-        // ESTABLISHED → CLOSE_WAIT: four of a connection's ten changes
-        // count nothing and note nothing, tracked socket or not.
+        // CLOSE → SYN_RECV, FIN_WAIT1 → FIN_WAIT2, ESTABLISHED →
+        // CLOSE_WAIT: three of a connection's ten changes count nothing and
+        // note nothing, tracked socket or not.
         return;
     }
     // The current task means something only for changes its syscalls make.
@@ -267,7 +295,8 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
                 closer: 0,
                 side: if passive { SIDE_PASSIVE } else { SIDE_ACTIVE },
                 _pad: [0; 7],
-                established_ns: 0,
+                since_ns: 0,
+                destination: 0,
             }
         }
     };
@@ -320,6 +349,20 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
             }
             tcp_links::note_closer(&ends, entry.closer, entry.side);
         }
+        if old == TCP_SYN_SENT && entry.destination != 0 {
+            let refused = tcp_links::read::<i32>(sk, &SK_ERR) == Some(ECONNREFUSED);
+            let metric = if refused {
+                HistMetric::ConnectRefused
+            } else {
+                HistMetric::ConnectFailed
+            };
+            hist::record(
+                entry.owner,
+                metric,
+                instance.hist_path(entry.destination),
+                0,
+            );
+        }
         if tracked.is_some() {
             tracked::remove(sk);
         }
@@ -335,11 +378,40 @@ fn on_change(sk: u64, old: u8, new: u8, is_tcp: impl FnOnce() -> bool) {
         );
         if arriving {
             // It enters its listener's accept queue now.
-            entry.established_ns = now();
+            entry.since_ns = now();
+        } else if new == TCP_SYN_SENT && entry.side == SIDE_ACTIVE {
+            // A connect: timed until the answer to its SYN.
+            let (id, d) = ends.destination();
+            destinations::name_tcp(id, &d);
+            entry.destination = id;
+            entry.since_ns = now();
         }
     }
     if tracked.is_none() {
         tracked::insert(sk, &entry);
+    }
+}
+
+/// A watched socket's SYN was answered: its connect's latency, from the
+/// SYN. Not one of ours, or one whose SYN went before the probes attached:
+/// nothing.
+#[inline(always)]
+fn connected(sk: u64, instance: Instance) {
+    let Some(p) = tracked::get(sk) else {
+        return;
+    };
+    // SAFETY: see tracked::get; copied out at once.
+    let (owner, destination) = unsafe { ((*p).owner, (*p).destination) };
+    if destination == 0 {
+        return;
+    }
+    if let Some(at) = tracked::take_since(p) {
+        hist::record(
+            owner,
+            HistMetric::Connect,
+            instance.hist_path(destination),
+            now().saturating_sub(at),
+        );
     }
 }
 

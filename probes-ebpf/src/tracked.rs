@@ -51,9 +51,15 @@ pub fn remove(sk: u64) {
 /// taken once (the accept).
 #[inline(always)]
 pub fn take_established(sk: u64) -> Option<u64> {
-    let entry = get(sk)?;
+    take_since(get(sk)?)
+}
+
+/// The entry's `since_ns` (see [`TrackedSocket::since_ns`]), if set; taken
+/// once.
+#[inline(always)]
+pub fn take_since(entry: *mut TrackedSocket) -> Option<u64> {
     // SAFETY: see `get`; a reused node at worst loses that socket's time,
     // which then reads as not seen.
-    let at = unsafe { core::mem::replace(&mut (*entry).established_ns, 0) };
+    let at = unsafe { core::mem::replace(&mut (*entry).since_ns, 0) };
     (at != 0).then_some(at)
 }

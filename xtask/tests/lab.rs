@@ -242,6 +242,27 @@ fn postgres_accepts_by_path(s: &Value) -> (u64, u64) {
     (tcp, unix)
 }
 
+/// php-fpm's connects to postgres over TCP and over its unix socket
+/// (successful, and refused or failed).
+fn php_connects_by_path(s: &Value) -> ((u64, u64), (u64, u64)) {
+    let (mut tcp, mut unix) = ((0, 0), (0, 0));
+    for r in roles(s, "php-fpm") {
+        for c in r["connects"].as_array().unwrap() {
+            let ok = c["latency"]["total"].as_u64().unwrap();
+            let failed =
+                c["refused"]["total"].as_u64().unwrap() + c["failed"]["total"].as_u64().unwrap();
+            let sum = match c["destination"].as_str().unwrap() {
+                "127.0.0.1:15432" => &mut tcp,
+                path if path.ends_with("/.s.PGSQL.15432") => &mut unix,
+                _ => continue,
+            };
+            sum.0 += ok;
+            sum.1 += failed;
+        }
+    }
+    (tcp, unix)
+}
+
 /// Sum of a metric's `total` over roles whose name starts with `prefix`.
 fn role_total(s: &Value, prefix: &str, metric: &str) -> u64 {
     roles(s, prefix)
@@ -510,6 +531,13 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
         (accepts, 0),
         "every accept from the TCP listener"
     );
+    let (tcp, unix) = php_connects_by_path(&s);
+    eprintln!("  php-fpm → postgres connects: tcp {tcp:?}, unix {unix:?} (done, failed)");
+    assert!(
+        (lo..=hi).contains(&tcp.0) && tcp.1 == 0 && unix == (0, 0),
+        "php-fpm connects over TCP {tcp:?}, over unix {unix:?}; wrk requests {}",
+        run.requests
+    );
     within_1_percent(
         "postgres accepts vs bpftrace",
         accepts,
@@ -652,6 +680,13 @@ fn the_lab_shows_fork_per_connection_time_wait_and_their_fixes() {
         postgres_accepts_by_path(&s),
         (0, accepts),
         "every accept from the unix socket"
+    );
+    let (tcp, unix) = php_connects_by_path(&s);
+    eprintln!("  php-fpm → postgres connects: tcp {tcp:?}, unix {unix:?} (done, failed)");
+    assert!(
+        (lo..=hi).contains(&unix.0) && unix.1 == 0 && tcp == (0, 0),
+        "php-fpm connects over unix {unix:?}, over TCP {tcp:?}; wrk requests {}",
+        run.requests
     );
     assert_eq!(
         time_wait(&s, 15432).1,

@@ -2,7 +2,8 @@
 //! tests, benchmarks and demos. Bounded: it exits when stdin closes, after
 //! its commands, and in any case after `--max-seconds`.
 //!
-//! `stackprobe-loopback serve --tcp 127.0.0.1:0 [--unix PATH] [--backlog N]` prints
+//! `stackprobe-loopback serve --tcp 127.0.0.1:0 [--unix PATH] [--backlog N]`
+//! (the backlog of both listeners) prints
 //! `pid N`, `tcp ADDR`, `unix PATH`, `ready`, then reads commands from stdin:
 //!   `accept N tcp|unix accept|accept4`  accept N connections with that
 //!       syscall, writing one byte to each before closing it; replies `accepted N`
@@ -67,14 +68,6 @@ fn serve(args: &[String]) -> Result<ExitCode> {
     unsafe { libc::alarm(max_seconds) };
     let tcp_addr = flag(args, "--tcp").unwrap_or("127.0.0.1:0");
     let tcp = TcpListener::bind(tcp_addr).map_err(|e| format!("bind {tcp_addr}: {e}"))?;
-    if let Some(backlog) = flag(args, "--backlog") {
-        let backlog: i32 = backlog.parse().map_err(|e| format!("--backlog: {e}"))?;
-        // listen() again on a listening socket sets its accept-queue limit.
-        // SAFETY: a plain syscall on a socket we own.
-        if unsafe { libc::listen(tcp.as_raw_fd(), backlog) } != 0 {
-            return Err(format!("listen: {}", io::Error::last_os_error()));
-        }
-    }
     let unix = match flag(args, "--unix") {
         Some(path) => {
             let _ = std::fs::remove_file(path);
@@ -82,6 +75,17 @@ fn serve(args: &[String]) -> Result<ExitCode> {
         }
         None => None,
     };
+    if let Some(backlog) = flag(args, "--backlog") {
+        let backlog: i32 = backlog.parse().map_err(|e| format!("--backlog: {e}"))?;
+        let fds = std::iter::once(tcp.as_raw_fd()).chain(unix.as_ref().map(|u| u.as_raw_fd()));
+        for fd in fds {
+            // listen() again on a listening socket sets its accept-queue limit.
+            // SAFETY: a plain syscall on a socket we own.
+            if unsafe { libc::listen(fd, backlog) } != 0 {
+                return Err(format!("listen: {}", io::Error::last_os_error()));
+            }
+        }
+    }
     let mut out = io::stdout();
     let mut say = |line: String| -> Result<()> {
         writeln!(out, "{line}")

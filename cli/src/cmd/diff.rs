@@ -23,6 +23,9 @@ pub struct Change {
     pub after_p99_ns: Option<u64>,
     pub before_max_ns: Option<u64>,
     pub after_max_ns: Option<u64>,
+    /// `faster` or `slower` when the change is beyond noise (see
+    /// `Summary::clearly_slower_than`), else null.
+    pub verdict: Option<&'static str>,
 }
 
 pub fn run(args: DiffArgs) -> Result<()> {
@@ -76,6 +79,15 @@ pub fn changes(before: &[Row], after: &[Row]) -> Vec<Change> {
             after_p99_ns: a.map(|r| r.latency.p99_ns),
             before_max_ns: b.map(|r| r.latency.max_ns),
             after_max_ns: a.map(|r| r.latency.max_ns),
+            verdict: b.zip(a).and_then(|(b, a)| {
+                if a.latency.clearly_slower_than(&b.latency) {
+                    Some("slower")
+                } else if b.latency.clearly_slower_than(&a.latency) {
+                    Some("faster")
+                } else {
+                    None
+                }
+            }),
         })
         .collect()
 }
@@ -117,6 +129,17 @@ pub fn render(changes: &[Change]) -> String {
             pair(c.before_p99_ns, c.after_p99_ns),
             pair(c.before_max_ns, c.after_max_ns)
         );
+    }
+    for c in changes {
+        if let Some(verdict) = c.verdict {
+            let _ = writeln!(
+                out,
+                "insight: {} · {} is {verdict} beyond noise: p50 {}",
+                c.role,
+                c.metric,
+                pair(c.before_p50_ns, c.after_p50_ns)
+            );
+        }
     }
     out
 }
@@ -196,5 +219,47 @@ mod tests {
             text.contains("postgres postmaster · fork  400.0/s → -"),
             "{text}"
         );
+    }
+
+    /// One role's connects: `n` per interval of `ns` each, for 10 intervals.
+    fn connects(dir: &std::path::Path, name: &str, ns: u64, n: u64) -> std::path::PathBuf {
+        let path = dir.join(name);
+        let rec = Recorder::create(&path, true).unwrap();
+        for i in 0..10u64 {
+            let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+            // Spread like a real run: most at `ns`, a tenth at twice that.
+            h.record_n(ns, n - n / 10).unwrap();
+            h.record_n(2 * ns, n / 10).unwrap();
+            rec.record(Interval {
+                start: Duration::from_secs(i),
+                duration: Duration::from_secs(1),
+                histograms: vec![("php-fpm".to_string(), "connect", h)],
+            });
+        }
+        rec.finish().unwrap()
+    }
+
+    #[test]
+    fn a_change_beyond_noise_says_so_and_one_within_it_does_not() {
+        let dir = std::env::temp_dir().join(format!("sp-diff-noise-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tcp = connects(&dir, "tcp.hlog", 15_000, 100);
+        let unix = connects(&dir, "unix.hlog", 5_000, 100);
+        let wobble = connects(&dir, "wobble.hlog", 16_000, 100);
+        let f = Filter::default();
+        let rows = |p: &std::path::Path| rows(p, &f).unwrap();
+        let faster = changes(&rows(&tcp), &rows(&unix));
+        let within = changes(&rows(&tcp), &rows(&wobble));
+        let slower = changes(&rows(&unix), &rows(&tcp));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(faster[0].verdict, Some("faster"));
+        assert_eq!(slower[0].verdict, Some("slower"));
+        assert_eq!(within[0].verdict, None);
+        let text = render(&faster);
+        assert!(
+            text.contains("insight: php-fpm · connect is faster beyond noise: p50 15.0µs → 5.0µs"),
+            "{text}"
+        );
+        assert!(!render(&within).contains("insight:"));
     }
 }

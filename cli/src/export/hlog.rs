@@ -25,7 +25,14 @@ use hdrhistogram::{
 use crate::model::process::{ProcessTable, Span};
 
 /// The metrics a recording holds for each role.
-pub const METRICS: [&str; 5] = ["accept", "accept_queue", "fork", "thread", "child_lifetime"];
+pub const METRICS: [&str; 6] = [
+    "accept",
+    "accept_queue",
+    "fork",
+    "thread",
+    "child_lifetime",
+    "connect",
+];
 
 fn encode(s: &str) -> String {
     s.replace('%', "%25")

@@ -31,7 +31,7 @@ use crate::model::{
     containers,
     frame::OwnCost,
     process::{Metric, ProcessTable, Span},
-    report::Report,
+    report::{self, Report},
 };
 
 /// A role's labels: the role, and the container it runs in (empty on the
@@ -53,8 +53,9 @@ pub const NATIVE_SCHEMA: i32 = 6;
 struct HistogramSample {
     role: String,
     metric: &'static str,
-    /// The listening socket, for accept metrics ("" for the others).
-    listener: String,
+    /// The listening socket, for accept metrics; the destination, for
+    /// connects; "" for the others.
+    path: String,
     count: u64,
     sum_seconds: f64,
     /// (le in seconds, count in this bucket alone): the encoder accumulates.
@@ -64,7 +65,7 @@ struct HistogramSample {
 
 impl HistogramSample {
     /// `metric`'s histogram since the start, None while it is empty.
-    fn of(role: &str, metric: &'static str, listener: &str, m: &Metric) -> Option<Self> {
+    fn of(role: &str, metric: &'static str, path: &str, m: &Metric) -> Option<Self> {
         let total = &m.total;
         if total.is_empty() {
             return None;
@@ -89,7 +90,7 @@ impl HistogramSample {
         Some(Self {
             role: role.to_string(),
             metric,
-            listener: listener.to_string(),
+            path: path.to_string(),
             count: total.count(),
             sum_seconds: total.sum_ns() as f64 / 1e9,
             buckets,
@@ -172,12 +173,16 @@ struct LinkNumbers {
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     histograms: Vec<HistogramSample>,
+    /// Connect latency per role and destination.
+    connects: Vec<HistogramSample>,
+    /// (role, destination, refused, failed) since the start.
+    connect_failures: Vec<(String, String, u64, u64)>,
     processes: Vec<(String, u64)>,
     links: Vec<(LinkLabels, LinkNumbers)>,
     walk_age_s: f64,
     drops: u64,
     lost: [(&'static str, u64); 4],
-    skipped: [(&'static str, u64); 6],
+    skipped: [(&'static str, u64); 7],
     cost: OwnCost,
     /// Per program: runs and run time in seconds, with `--probe-cost`.
     programs: Vec<(String, u64, f64)>,
@@ -187,8 +192,30 @@ impl Snapshot {
     /// Everything since the start, per role, and stackprobe's own cost.
     pub fn take(table: &ProcessTable, report: &Report, cost: OwnCost) -> Self {
         let mut histograms = Vec::new();
+        let mut connects = Vec::new();
+        let mut connect_failures = Vec::new();
         for (role, (_, activity)) in table.roles(Span::Whole) {
+            for (destination, c) in &activity.connects {
+                connects.extend(HistogramSample::of(
+                    &role,
+                    "connect",
+                    destination,
+                    &c.latency,
+                ));
+                if c.refused.total + c.failed.total > 0 {
+                    connect_failures.push((
+                        role.clone(),
+                        destination.clone(),
+                        c.refused.total,
+                        c.failed.total,
+                    ));
+                }
+            }
             for (metric, m) in activity.metrics() {
+                // Connects have a family of their own, per destination.
+                if metric == "connect" {
+                    continue;
+                }
                 // Accepts per listener: together they are the role's.
                 let per_listener = matches!(metric, "accept" | "accept_queue");
                 if !per_listener {
@@ -221,6 +248,8 @@ impl Snapshot {
         }
         Self {
             histograms,
+            connects,
+            connect_failures,
             processes: report
                 .roles
                 .iter()
@@ -259,31 +288,43 @@ impl Collector for Published {
                 role,
                 container,
                 ("metric", h.metric),
-                ("listener", h.listener.as_str()),
+                ("listener", h.path.as_str()),
             ];
-            let native = NativeHistogram {
-                schema: NATIVE_SCHEMA,
-                zero_threshold: 0.0,
-                zero_count: 0,
-                negative: NativeHistogramBuckets {
-                    spans: &[],
-                    deltas: &[],
-                },
-                positive: NativeHistogramBuckets {
-                    spans: &h.native.spans,
-                    deltas: &h.native.deltas,
-                },
-                created: None,
-            };
-            family
-                .encode_family(&labels)?
-                .encode_histogram_with_native::<prometheus_client::encoding::NoLabelSet>(
-                    h.sum_seconds,
-                    h.count,
-                    &h.buckets,
-                    None,
-                    native,
-                )?;
+            encode_histogram(&mut family, &labels, h)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "stackprobe_connect_latency_seconds",
+            "Successful connects per role and destination since stackprobe started: TCP, from the SYN to ESTABLISHED; unix sockets, the connect() call",
+            None,
+            MetricType::Histogram,
+        )?;
+        for h in &s.connects {
+            let [role, container] = role_labels(&h.role);
+            let labels = [
+                role,
+                container,
+                ("destination", h.path.as_str()),
+                ("path", report::path_kind(&h.path)),
+            ];
+            encode_histogram(&mut family, &labels, h)?;
+        }
+        let mut failures = encoder.encode_descriptor(
+            "stackprobe_connect_failures",
+            "Connects per role and destination that did not succeed since the start, by reason: refused (ECONNREFUSED) or failed (anything else)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (role, destination, refused, failed) in &s.connect_failures {
+            let [role, container] = role_labels(role);
+            for (reason, n) in [("refused", refused), ("failed", failed)] {
+                let labels = [
+                    role,
+                    container,
+                    ("destination", destination.as_str()),
+                    ("reason", reason),
+                ];
+                ConstCounter::new(*n).encode(failures.encode_family(&labels)?)?;
+            }
         }
         let mut processes = encoder.encode_descriptor(
             "stackprobe_processes",
@@ -375,6 +416,37 @@ impl Collector for Published {
         }
         Ok(())
     }
+}
+
+/// One histogram sample, classic buckets and native ones, under `labels`.
+fn encode_histogram(
+    family: &mut MetricEncoder,
+    labels: &[(&str, &str); 4],
+    h: &HistogramSample,
+) -> Result<(), fmt::Error> {
+    let native = NativeHistogram {
+        schema: NATIVE_SCHEMA,
+        zero_threshold: 0.0,
+        zero_count: 0,
+        negative: NativeHistogramBuckets {
+            spans: &[],
+            deltas: &[],
+        },
+        positive: NativeHistogramBuckets {
+            spans: &h.native.spans,
+            deltas: &h.native.deltas,
+        },
+        created: None,
+    };
+    family
+        .encode_family(labels)?
+        .encode_histogram_with_native::<prometheus_client::encoding::NoLabelSet>(
+            h.sum_seconds,
+            h.count,
+            &h.buckets,
+            None,
+            native,
+        )
 }
 
 /// The link counters: name, help and the number each serves.
@@ -615,6 +687,44 @@ mod tests {
         assert!(!wants_protobuf(
             "GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n"
         ));
+    }
+
+    #[test]
+    fn connects_are_per_destination_with_their_path_and_failures_by_reason() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[crate::model::fixtures::live(1, "php")]);
+        let from = |metric, path, ns: &[u64]| {
+            crate::model::fixtures::kernel_hist_from(1, "php", metric, Some(path), ns)
+        };
+        t.apply(&from(
+            HistMetric::Connect,
+            "127.0.0.1:5432",
+            &[15_000, 16_000],
+        ));
+        t.apply(&from(HistMetric::ConnectRefused, "127.0.0.1:5432", &[0]));
+        t.apply(&from(HistMetric::Connect, "/run/pg.sock", &[5_000]));
+        t.apply(&from(HistMetric::ConnectFailed, "/run/gone.sock", &[0, 0]));
+        let report = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        let snapshot = Arc::new(Mutex::new(Snapshot::take(&t, &report, OwnCost::default())));
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Published(snapshot)));
+        let text = String::from_utf8(body(&registry, false).1).unwrap();
+        for line in [
+            r#"stackprobe_connect_latency_seconds_count{role="php",container="",destination="127.0.0.1:5432",path="tcp"} 2"#,
+            r#"stackprobe_connect_latency_seconds_count{role="php",container="",destination="/run/pg.sock",path="unix"} 1"#,
+            r#"stackprobe_connect_failures_total{role="php",container="",destination="127.0.0.1:5432",reason="refused"} 1"#,
+            r#"stackprobe_connect_failures_total{role="php",container="",destination="/run/gone.sock",reason="failed"} 2"#,
+        ] {
+            assert!(text.contains(line), "no {line} in:\n{text}");
+        }
+        // Connects are not also in the per-metric latency family.
+        assert!(!text.contains(r#"metric="connect""#), "{text}");
     }
 
     fn body_kind(registry: &Registry, protobuf: bool) -> &'static str {

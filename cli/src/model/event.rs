@@ -61,9 +61,10 @@ pub struct HistDelta {
     pub tgid: u32,
     /// The process's name, when it was still running to be asked.
     pub comm: Option<String>,
-    /// For accept metrics: the listening socket accepted from (`127.0.0.1:5432`
-    /// or a unix path), when known.
-    pub listener: Option<String>,
+    /// Which path the samples took, when known: for accept metrics, the
+    /// listening socket accepted from (`127.0.0.1:5432` or a unix path); for
+    /// connect metrics, the destination (the same forms).
+    pub path: Option<String>,
     pub metric: HistMetric,
     pub count: u64,
     /// Exact sum of the samples.

@@ -43,13 +43,12 @@ pub fn kernel_hist_from(
     let key = HistKey {
         tgid,
         metric: metric as u32,
-        listener: 0,
-        _pad: 0,
+        path: 0,
     };
     let mut delta = KernelHists::default()
         .read(key, [&cpu], false, || Some(comm.into()))
         .expect("a histogram with samples gained them");
-    delta.listener = listener.map(str::to_string);
+    delta.path = listener.map(str::to_string);
     Event::Hist(delta)
 }
 

@@ -41,6 +41,24 @@ pub struct Summary {
     pub max_ns: u64,
 }
 
+/// Samples each side needs before two distributions are compared.
+pub const MIN_COMPARED: u64 = 20;
+
+impl Summary {
+    /// Whether this distribution is slower than `other` beyond noise: each
+    /// has at least [`MIN_COMPARED`] samples, its median is at least 1.2×
+    /// the other's, and 90 % of the other's samples are below its median
+    /// (p90 under it), so the two barely overlap. Run-to-run wobble on a
+    /// busy machine moves a median by a few percent and leaves the bulk of
+    /// two like distributions overlapping.
+    pub fn clearly_slower_than(&self, other: &Summary) -> bool {
+        self.count >= MIN_COMPARED
+            && other.count >= MIN_COMPARED
+            && self.p50_ns as f64 >= 1.2 * other.p50_ns as f64
+            && other.p90_ns < self.p50_ns
+    }
+}
+
 /// One row of a bpftrace-style power-of-two histogram: `[lo, hi)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Log2Bucket {

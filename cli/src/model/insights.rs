@@ -3,7 +3,7 @@
 
 use super::{
     histogram::duration,
-    report::{Report, ReportKind, RoleRow},
+    report::{PathComparison, Report, ReportKind, RoleRow},
     roles::{self, Kind},
 };
 
@@ -111,8 +111,46 @@ pub fn insights(report: &Report) -> Vec<String> {
             ));
         }
     }
+    out.extend(report.paths.iter().filter_map(path_comparison));
     out.extend(report.tcp.warnings.iter().cloned());
     out
+}
+
+/// Which of a client's two paths to a server connects faster, when the
+/// difference is beyond noise (see `Summary::clearly_slower_than`).
+fn path_comparison(p: &PathComparison) -> Option<String> {
+    let (tcp, unix) = (&p.tcp, &p.unix);
+    let (fast, fast_name, slow, slow_name) = if tcp.connect.clearly_slower_than(&unix.connect) {
+        (unix, "the unix socket", tcp, "TCP")
+    } else if unix.connect.clearly_slower_than(&tcp.connect) {
+        (tcp, "TCP", unix, "the unix socket")
+    } else {
+        return None;
+    };
+    // A unix connection's wait in the accept queue is not measured: said,
+    // never compared.
+    let queue = if tcp.accept_queue.count > 0 {
+        format!(
+            " (accept-queue wait, measured for TCP only: {} p50)",
+            duration(tcp.accept_queue.p50_ns)
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{} → {}: a new connection over {fast_name} {} connects in {} (p50, {} connects) against {} over {slow_name} {} ({:.1}× slower); {} accepts them in {} vs {} (p50){queue}: connect over {fast_name}",
+        p.client,
+        p.server,
+        fast.destination,
+        duration(fast.connect.p50_ns),
+        fast.connect.count,
+        duration(slow.connect.p50_ns),
+        slow.destination,
+        slow.connect.p50_ns as f64 / fast.connect.p50_ns.max(1) as f64,
+        p.server,
+        duration(fast.accept.p50_ns),
+        duration(slow.accept.p50_ns),
+    ))
 }
 
 #[cfg(test)]
@@ -163,7 +201,7 @@ mod tests {
         Event::Hist(HistDelta {
             tgid,
             comm: Some(comm.into()),
-            listener: None,
+            path: None,
             metric,
             count: n,
             sum_ns: n * ns,

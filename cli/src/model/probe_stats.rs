@@ -14,6 +14,7 @@ pub enum ProbeKind {
     Exec,
     Exit,
     TcpState,
+    Connect,
 }
 
 /// Events the full ring buffer could not take, by kind, since the start.
@@ -58,11 +59,13 @@ pub struct LostEvents {
     pub exit: u64,
     /// TCP state changes: link counts are short by these.
     pub tcp_state: u64,
+    /// Unix connects (or their enter half): not counted.
+    pub connect: u64,
 }
 
 impl LostEvents {
     pub fn total(&self) -> u64 {
-        self.accept + self.fork + self.spawn + self.exec + self.exit + self.tcp_state
+        self.accept + self.fork + self.spawn + self.exec + self.exit + self.tcp_state + self.connect
     }
 
     /// The counter for what probes of `kind` record.
@@ -74,11 +77,12 @@ impl LostEvents {
             ProbeKind::Exec => &mut self.exec,
             ProbeKind::Exit => &mut self.exit,
             ProbeKind::TcpState => &mut self.tcp_state,
+            ProbeKind::Connect => &mut self.connect,
         }
     }
 
     /// Each kind by the name views use.
-    pub fn by_kind(&self) -> [(&'static str, u64); 6] {
+    pub fn by_kind(&self) -> [(&'static str, u64); 7] {
         [
             ("accept", self.accept),
             ("fork", self.fork),
@@ -86,6 +90,7 @@ impl LostEvents {
             ("exec", self.exec),
             ("exit", self.exit),
             ("tcp_state", self.tcp_state),
+            ("connect", self.connect),
         ]
     }
 }

@@ -28,6 +28,13 @@ pub const OTHER_LISTENERS: &str = "(other listeners)";
 /// Accepts from a listener that could not be named (its process exited
 /// before it was asked).
 pub const UNKNOWN_LISTENER: &str = "(unknown listener)";
+/// Destinations kept apart per process or role; further ones are summed
+/// under [`OTHER_DESTINATIONS`].
+pub const MAX_DESTINATIONS: usize = 64;
+pub const OTHER_DESTINATIONS: &str = "(other destinations)";
+/// Connects to a destination the kernel could not name (its table of
+/// names was full).
+pub const UNKNOWN_DESTINATION: &str = "(unknown destination)";
 
 /// One latency metric: the current interval and everything since the start.
 #[derive(Clone, Debug, Default)]
@@ -110,6 +117,39 @@ pub struct Activity {
     /// `accept` and `accept_queue` per listening socket accepted from, by
     /// its address or path.
     pub listeners: BTreeMap<String, ListenerActivity>,
+    /// Successful connects to any destination.
+    pub connect: Metric,
+    /// Connects per destination (TCP address:port or unix path).
+    pub connects: BTreeMap<String, ConnectActivity>,
+}
+
+/// What one destination's connects measured.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectActivity {
+    /// Successful connects: TCP, SYN to ESTABLISHED; unix, the syscall.
+    pub latency: Metric,
+    /// Connects refused (ECONNREFUSED).
+    pub refused: Counter,
+    /// Connects that failed otherwise.
+    pub failed: Counter,
+}
+
+impl ConnectActivity {
+    fn add(&mut self, other: &ConnectActivity, span: Span) {
+        self.latency.add(&other.latency, span);
+        self.refused.add_counter(&other.refused);
+        self.failed.add_counter(&other.failed);
+    }
+
+    fn reset_interval(&mut self) {
+        self.latency.reset_interval();
+        self.refused.interval = 0;
+        self.failed.interval = 0;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.latency.total.is_empty() && self.refused.total == 0 && self.failed.total == 0
+    }
 }
 
 /// What one listening socket's accepts measured.
@@ -128,13 +168,14 @@ impl ListenerActivity {
 
 impl Activity {
     /// Each latency metric by the name recordings use.
-    pub fn metrics(&self) -> [(&'static str, &Metric); 5] {
+    pub fn metrics(&self) -> [(&'static str, &Metric); 6] {
         [
             ("accept", &self.accept),
             ("accept_queue", &self.accept_queue),
             ("fork", &self.fork),
             ("thread", &self.thread),
             ("child_lifetime", &self.child_lifetime),
+            ("connect", &self.connect),
         ]
     }
 
@@ -146,9 +187,11 @@ impl Activity {
             &self.fork,
             &self.thread,
             &self.child_lifetime,
+            &self.connect,
         ]
         .iter()
         .all(|m| m.total.is_empty())
+            && self.connects.values().all(ConnectActivity::is_empty)
             && [
                 self.accept_untimed,
                 self.fork_unknown,
@@ -172,9 +215,24 @@ impl Activity {
         self.listeners.entry(name.to_string()).or_default()
     }
 
+    /// The destination `name`'s numbers (past [`MAX_DESTINATIONS`], those
+    /// of [`OTHER_DESTINATIONS`]).
+    fn destination(&mut self, name: &str) -> &mut ConnectActivity {
+        let name = if self.connects.len() >= MAX_DESTINATIONS && !self.connects.contains_key(name) {
+            OTHER_DESTINATIONS
+        } else {
+            name
+        };
+        self.connects.entry(name.to_string()).or_default()
+    }
+
     pub fn add(&mut self, other: &Activity, span: Span) {
         for (name, l) in &other.listeners {
             self.listener(name).add(l, span);
+        }
+        self.connect.add(&other.connect, span);
+        for (name, c) in &other.connects {
+            self.destination(name).add(c, span);
         }
         self.accept.add(&other.accept, span);
         self.accept_untimed.add_counter(&other.accept_untimed);
@@ -195,6 +253,10 @@ impl Activity {
         for l in self.listeners.values_mut() {
             l.accept.reset_interval();
             l.accept_queue.reset_interval();
+        }
+        self.connect.reset_interval();
+        for c in self.connects.values_mut() {
+            c.reset_interval();
         }
         self.fork.reset_interval();
         self.thread.reset_interval();
@@ -346,7 +408,8 @@ impl ProcessTable {
                 &mut self.entry(d.tgid, &name).activity
             }
         };
-        let listener = || d.listener.as_deref().unwrap_or(UNKNOWN_LISTENER);
+        let listener = || d.path.as_deref().unwrap_or(UNKNOWN_LISTENER);
+        let destination = || d.path.as_deref().unwrap_or(UNKNOWN_DESTINATION);
         match d.metric {
             HistMetric::Accept => {
                 a.accept.record_kernel(d);
@@ -361,6 +424,12 @@ impl ProcessTable {
             HistMetric::ForkUnknown => a.fork_unknown.add(d.count),
             HistMetric::ForkFailed => a.fork_failed.add(d.count),
             HistMetric::AcceptUntimed => a.accept_untimed.add(d.count),
+            HistMetric::Connect => {
+                a.connect.record_kernel(d);
+                a.destination(destination()).latency.record_kernel(d);
+            }
+            HistMetric::ConnectRefused => a.destination(destination()).refused.add(d.count),
+            HistMetric::ConnectFailed => a.destination(destination()).failed.add(d.count),
         }
     }
 
@@ -646,7 +715,7 @@ mod tests {
             tgid,
             comm: None,
             metric,
-            listener: None,
+            path: None,
             count,
             sum_ns: 2_000 * count,
             min_ns: 2_000,

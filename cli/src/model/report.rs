@@ -51,6 +51,9 @@ pub struct Report {
     pub processes: Vec<ProcessRow>,
     /// Connections, listeners and the kernel's TCP counters.
     pub tcp: TcpReport,
+    /// Clients that reach one watched server over TCP and over a unix
+    /// socket: the two paths side by side.
+    pub paths: Vec<PathComparison>,
     /// Per-program BPF run-time statistics, with `--probe-cost` only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub probe_cost: Vec<ProgramCost>,
@@ -121,6 +124,97 @@ pub struct RoleRow {
     /// `accept` and `accept_queue` per listening socket the role's
     /// processes accepted from, busiest first.
     pub listeners: Vec<ListenerLatencyRow>,
+    /// Successful connects to any destination (see [`ConnectRow`]).
+    pub connect: MetricRow,
+    /// The role's connects per destination, busiest first.
+    pub connects: Vec<ConnectRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConnectRow {
+    /// `127.0.0.1:5432`, `[::1]:80`, a unix socket's path (`@name` in the
+    /// abstract namespace), or `(unknown destination)`.
+    pub destination: String,
+    /// `tcp` or `unix`.
+    pub path: &'static str,
+    /// Successful connects: TCP, from the SYN to ESTABLISHED (the
+    /// handshake, which a non-blocking connect does not wait for); unix,
+    /// the connect() call.
+    pub latency: MetricRow,
+    /// Refused: a reset answering the SYN, or a unix socket nobody listens on.
+    pub refused: CountRow,
+    /// Failed otherwise: timed out, unreachable, no such socket file, a
+    /// full unix backlog, or closed before it completed.
+    pub failed: CountRow,
+}
+
+/// One client role reaching one server role over two paths.
+#[derive(Clone, Debug, Serialize)]
+pub struct PathComparison {
+    pub client: String,
+    pub server: String,
+    pub tcp: PathNumbers,
+    pub unix: PathNumbers,
+}
+
+/// What a connection over one path costs: the client's connect, and at the
+/// server's listener (all its clients' connections) the accept and, for
+/// TCP, the accept-queue wait (not measured for unix sockets: empty).
+#[derive(Clone, Debug, Serialize)]
+pub struct PathNumbers {
+    /// The TCP address:port or unix path, as the client connects to it and
+    /// the server listens on it.
+    pub destination: String,
+    pub connect: Summary,
+    pub refused: u64,
+    pub failed: u64,
+    pub accept: Summary,
+    pub accept_queue: Summary,
+}
+
+/// Each pair of a client's TCP and unix destinations that one server role
+/// listens on both of (the names match: the address, or the path the
+/// client gave and the server bound).
+fn compare_paths(roles: &[RoleRow]) -> Vec<PathComparison> {
+    let mut out = Vec::new();
+    let listener = |name: &str| {
+        roles.iter().find_map(|server| {
+            server
+                .listeners
+                .iter()
+                .find(|l| l.listener == name)
+                .map(|l| (server, l))
+        })
+    };
+    let numbers = |c: &ConnectRow, l: &ListenerLatencyRow| PathNumbers {
+        destination: c.destination.clone(),
+        connect: c.latency.latency,
+        refused: c.refused.count,
+        failed: c.failed.count,
+        accept: l.accept.latency,
+        accept_queue: l.accept_queue.latency,
+    };
+    for client in roles {
+        let by_kind = |kind: &'static str| client.connects.iter().filter(move |c| c.path == kind);
+        for tcp in by_kind("tcp") {
+            let Some((server, tcp_listener)) = listener(&tcp.destination) else {
+                continue;
+            };
+            for unix in by_kind("unix") {
+                if let Some((also, unix_listener)) = listener(&unix.destination)
+                    && also.role == server.role
+                {
+                    out.push(PathComparison {
+                        client: client.role.clone(),
+                        server: server.role.clone(),
+                        tcp: numbers(tcp, tcp_listener),
+                        unix: numbers(unix, unix_listener),
+                    });
+                }
+            }
+        }
+    }
+    out
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -163,6 +257,10 @@ impl RoleRow {
             ]
             .iter()
             .all(|c| c.count == 0)
+            && self
+                .connects
+                .iter()
+                .all(|c| c.latency.latency.count + c.refused.count + c.failed.count == 0)
     }
 }
 
@@ -363,6 +461,7 @@ impl Report {
         for role in &mut roles {
             attach_backlogs(role, &tcp.listeners, table);
         }
+        let paths = compare_paths(&roles);
         Self {
             schema: SCHEMA,
             kind,
@@ -375,6 +474,7 @@ impl Report {
             roles,
             processes,
             tcp,
+            paths,
             probe_cost: Vec::new(),
             insights: Vec::new(),
             rungs: Vec::new(),
@@ -506,6 +606,42 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
         children_exec: p.count(&a.children_exec),
         exited: p.count(&a.exited),
         listeners: listener_rows(p, a),
+        connect: p.metric(&a.connect),
+        connects: connect_rows(p, a),
+    }
+}
+
+fn connect_rows(p: &Period, a: &Activity) -> Vec<ConnectRow> {
+    let mut rows: Vec<ConnectRow> = a
+        .connects
+        .iter()
+        .map(|(name, c)| ConnectRow {
+            path: path_kind(name),
+            destination: name.clone(),
+            latency: p.metric(&c.latency),
+            refused: p.count(&c.refused),
+            failed: p.count(&c.failed),
+        })
+        .collect();
+    let tried = |r: &ConnectRow| r.latency.total + r.refused.total + r.failed.total;
+    rows.sort_by(|a, b| {
+        tried(b)
+            .cmp(&tried(a))
+            .then(a.destination.cmp(&b.destination))
+    });
+    rows
+}
+
+/// Whether a listener's or destination's name is a TCP address or a unix
+/// socket's (a path, or `@` and an abstract name); names in parentheses
+/// are neither.
+pub fn path_kind(name: &str) -> &'static str {
+    if name.starts_with('/') || name.starts_with('@') {
+        "unix"
+    } else if name.starts_with('(') {
+        "unknown"
+    } else {
+        "tcp"
     }
 }
 
@@ -658,6 +794,104 @@ mod tests {
         );
         let unix = &role.listeners[2].accept.latency;
         assert!((49_000..=51_000).contains(&unix.p50_ns), "{unix:?}");
+    }
+
+    /// A client ("php", pid 1) connecting to `tcp_ns` over TCP and
+    /// `unix_ns` over a unix socket, 30 times each, twice refused over TCP;
+    /// a server ("postgres", pid 2) listening on both.
+    fn two_paths(tcp_ns: u64, unix_ns: u64) -> Report {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[
+            crate::model::fixtures::live(1, "php"),
+            crate::model::fixtures::live(2, "postgres"),
+        ]);
+        let from = |pid, comm, metric, path, ns: &[u64]| {
+            crate::model::fixtures::kernel_hist_from(pid, comm, metric, Some(path), ns)
+        };
+        let (tcp, unix) = ("127.0.0.1:5432", "/run/pg/.s.PGSQL.5432");
+        t.apply(&from(1, "php", HistMetric::Connect, tcp, &[tcp_ns; 30]));
+        t.apply(&from(1, "php", HistMetric::ConnectRefused, tcp, &[0, 0]));
+        t.apply(&from(1, "php", HistMetric::Connect, unix, &[unix_ns; 30]));
+        t.apply(&from(2, "postgres", HistMetric::Accept, tcp, &[4_000; 30]));
+        t.apply(&from(
+            2,
+            "postgres",
+            HistMetric::AcceptQueue,
+            tcp,
+            &[900_000; 30],
+        ));
+        t.apply(&from(2, "postgres", HistMetric::Accept, unix, &[6_000; 30]));
+        let mut r = Report::build(
+            ReportKind::Summary,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        crate::model::insights::annotate(&mut r);
+        r
+    }
+
+    #[test]
+    fn a_client_reaching_a_server_over_tcp_and_unix_gets_the_paths_side_by_side() {
+        let r = two_paths(15_000, 5_000);
+        let php = r.roles.iter().find(|r| r.role == "php").unwrap();
+        let rows: Vec<(&str, &str, u64, u64)> = php
+            .connects
+            .iter()
+            .map(|c| {
+                (
+                    c.destination.as_str(),
+                    c.path,
+                    c.latency.total,
+                    c.refused.total,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("127.0.0.1:5432", "tcp", 30, 2),
+                ("/run/pg/.s.PGSQL.5432", "unix", 30, 0)
+            ]
+        );
+        assert_eq!(php.connect.total, 60);
+        let [p] = r.paths.as_slice() else {
+            panic!("{:?}", r.paths)
+        };
+        assert_eq!((p.client.as_str(), p.server.as_str()), ("php", "postgres"));
+        assert_eq!((p.tcp.connect.count, p.tcp.refused), (30, 2));
+        assert!((14_800..=15_200).contains(&p.tcp.connect.p50_ns), "{p:?}");
+        assert!((4_900..=5_100).contains(&p.unix.connect.p50_ns), "{p:?}");
+        assert_eq!((p.tcp.accept.count, p.unix.accept.count), (30, 30));
+        assert_eq!(
+            (p.tcp.accept_queue.count, p.unix.accept_queue.count),
+            (30, 0)
+        );
+        let said: Vec<&String> = r
+            .insights
+            .iter()
+            .filter(|i| i.starts_with("php → postgres"))
+            .collect();
+        assert_eq!(said.len(), 1, "{:?}", r.insights);
+        assert!(
+            said[0].contains("over the unix socket /run/pg/.s.PGSQL.5432 connects in 5.0µs")
+                && said[0].ends_with("connect over the unix socket"),
+            "{}",
+            said[0]
+        );
+    }
+
+    #[test]
+    fn paths_within_noise_of_each_other_get_no_insight() {
+        // 10 % apart: beyond the bucket width, within a machine's wobble.
+        let r = two_paths(11_000, 10_000);
+        assert_eq!(r.paths.len(), 1);
+        assert!(
+            !r.insights.iter().any(|i| i.starts_with("php → postgres")),
+            "{:?}",
+            r.insights
+        );
     }
 
     #[test]
@@ -982,7 +1216,7 @@ mod tests {
         t.apply(&E::Hist(crate::model::event::HistDelta {
             tgid: 2,
             comm: None,
-            listener: None,
+            path: None,
             metric: crate::model::event::HistMetric::AcceptUntimed,
             count: 1,
             sum_ns: 0,

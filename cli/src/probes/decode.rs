@@ -28,7 +28,7 @@ pub fn home_netns() -> u32 {
 }
 
 /// A namespace the kernel names, in model terms: None for stackprobe's own.
-fn netns(inum: u32) -> Netns {
+pub fn netns(inum: u32) -> Netns {
     (inum != home_netns()).then_some(inum)
 }
 

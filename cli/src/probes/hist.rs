@@ -14,6 +14,7 @@ use probes_common::hist::{
     bucket_value,
 };
 
+use super::connect;
 use crate::{
     model::event::{Event, HistDelta},
     procfs,
@@ -136,7 +137,9 @@ pub struct KernelHists {
     seen: HashMap<(usize, HistKey), Totals>,
     /// Listeners named so far (None: the fd was no listener when asked),
     /// by (process, fd + 1): each is asked once.
-    listeners: HashMap<(u32, u32), Option<String>>,
+    listeners: HashMap<(u32, u64), Option<String>>,
+    /// Connect destinations named so far, by id.
+    destinations: HashMap<u64, String>,
 }
 
 impl KernelHists {
@@ -152,6 +155,7 @@ impl KernelHists {
         mut f: impl FnMut(Event),
     ) -> Result<()> {
         let mut exited: HashMap<u32, bool> = HashMap::new();
+        let mut gained = Vec::new();
         for (index, name) in MAPS.into_iter().enumerate() {
             let map = ebpf
                 .map_mut(name)
@@ -178,11 +182,20 @@ impl KernelHists {
                         .then(|| procfs::read(key.tgid).map(|p| p.comm))
                         .flatten()
                 };
-                if let Some(mut d) = self.read_in(index, key, values.iter(), gone, comm) {
-                    d.listener = self.listener(key, gone);
-                    f(Event::Hist(d));
+                if let Some(d) = self.read_in(index, key, values.iter(), gone, comm) {
+                    gained.push((key, gone, d));
                 }
             }
+        }
+        // Named once the maps of histograms are read: a destination's
+        // name is in another map.
+        for (key, gone, mut d) in gained {
+            d.path = if d.metric.is_connect() {
+                self.destination(ebpf, key.path)
+            } else {
+                self.listener(key, gone)
+            };
+            f(Event::Hist(d));
         }
         self.listeners
             .retain(|(tgid, _), _| !exited.get(tgid).is_some_and(|&gone| gone));
@@ -193,19 +206,30 @@ impl KernelHists {
     /// process's fd table the first time (a process that is gone can no
     /// longer say).
     fn listener(&mut self, key: HistKey, gone: bool) -> Option<String> {
-        if key.listener == 0 {
+        if key.path == 0 {
             return None;
         }
-        if let Some(name) = self.listeners.get(&(key.tgid, key.listener)) {
+        if let Some(name) = self.listeners.get(&(key.tgid, key.path)) {
             return name.clone();
         }
+        let fd = u32::try_from(key.path - 1).ok()?;
         if gone {
             return None;
         }
-        let name = procfs::listener_name(key.tgid, key.listener - 1);
-        self.listeners
-            .insert((key.tgid, key.listener), name.clone());
+        let name = procfs::listener_name(key.tgid, fd);
+        self.listeners.insert((key.tgid, key.path), name.clone());
         name
+    }
+
+    /// The name of the destination `id`, asked of the kernel's table until
+    /// it has one.
+    fn destination(&mut self, ebpf: &Ebpf, id: u64) -> Option<String> {
+        if let Some(name) = self.destinations.get(&(id | 1)) {
+            return Some(name.clone());
+        }
+        let name = connect::destination_name(ebpf, id)?;
+        self.destinations.insert(id | 1, name.clone());
+        Some(name)
     }
 
     /// What `key`'s histogram gained since it was last read, given its
@@ -257,7 +281,7 @@ impl KernelHists {
         Some(HistDelta {
             tgid: key.tgid,
             comm: comm(),
-            listener: None,
+            path: None,
             metric,
             count: gain.count,
             sum_ns: gain.sum,
@@ -379,8 +403,7 @@ mod tests {
         let key = HistKey {
             tgid: 7,
             metric: HistMetric::Fork as u32,
-            listener: 0,
-            _pad: 0,
+            path: 0,
         };
         let name = || Some("srv".to_string());
         let mut hists = KernelHists::default();
@@ -416,8 +439,7 @@ mod tests {
         let key = HistKey {
             tgid: 7,
             metric: HistMetric::Accept as u32,
-            listener: 0,
-            _pad: 0,
+            path: 0,
         };
         let mut hists = KernelHists::default();
         assert_eq!(

@@ -22,7 +22,7 @@ use super::{
     accept,
     attach::Setup,
     btf::KernelBtf,
-    fork,
+    connect, fork,
     hist::KernelHists,
     kernel_log::{self, KernelLog},
     preflight, prog_info,
@@ -129,6 +129,7 @@ impl Probes {
             &kernel.fexit_program,
             options.queue_rung,
         )?;
+        connect::attach(&mut ebpf, &tracefs)?;
         sock::load(&mut ebpf, &btf)?;
         let state_rung = sock::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
         // Nothing needs the kernel's BTF any more. Freed and handed back now,
@@ -381,7 +382,7 @@ fn release_free_heap() {
 /// (struct member offsets and a function's signature), gathered at once so
 /// that parse is freed before aya parses its own.
 struct KernelFacts {
-    setups: [Setup; 4],
+    setups: [Setup; 5],
     fexit_program: Result<&'static str>,
     state_tp_btf: bool,
 }
@@ -395,6 +396,7 @@ impl KernelFacts {
                 fork::setup(tracefs, &btf, slots)?,
                 watch::setup(tracefs)?,
                 sock::setup(&btf, tracefs)?,
+                connect::setup(tracefs, slots)?,
             ],
             fexit_program: accept::fexit_program(&btf),
             state_tp_btf: sock::tp_btf_readable(&btf),
@@ -406,7 +408,7 @@ impl KernelFacts {
 /// skipped run loses one of those. None for programs that record nothing
 /// of their own, like the TCP iterator.
 fn probe_kind_of(name: &str) -> Option<ProbeKind> {
-    use probes_common::{accept, fork, sock, watch};
+    use probes_common::{accept, connect, fork, sock, watch};
     let accept_programs = [
         accept::ENTER_PROGRAM,
         accept::EXIT_PROGRAM,
@@ -434,6 +436,7 @@ fn probe_kind_of(name: &str) -> Option<ProbeKind> {
             sock::STATE_PROGRAM | sock::STATE_BTF_PROGRAM | sock::STATE_BTF_NESTED_PROGRAM => {
                 Some(ProbeKind::TcpState)
             }
+            connect::ENTER_PROGRAM | connect::EXIT_PROGRAM => Some(ProbeKind::Connect),
             _ => None,
         }
     }

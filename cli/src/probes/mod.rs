@@ -7,6 +7,7 @@ pub mod accept;
 pub mod attach;
 pub mod attach_check;
 pub mod btf;
+pub mod connect;
 pub mod decode;
 pub mod events;
 pub mod fork;

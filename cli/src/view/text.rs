@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use crate::model::{
     histogram::{Log2Bucket, Summary, duration},
     probe_stats::Drops,
-    report::{Report, ReportKind, RoleRow, TcpReport},
+    report::{PathComparison, Report, ReportKind, RoleRow, TcpReport},
 };
 
 const BAR_WIDTH: u64 = 40;
@@ -44,6 +44,7 @@ pub fn render(report: &Report) -> String {
     for role in &report.roles {
         out.push_str(&role_block(role));
     }
+    out.push_str(&paths_block(&report.paths));
     out.push_str(&tcp_block(&report.tcp));
     for insight in &report.insights {
         let _ = writeln!(out, "insight: {insight}");
@@ -183,6 +184,61 @@ fn role_block(r: &RoleRow) -> String {
                     percentile_line(&l.accept_queue.latency)
                 );
             }
+        }
+    }
+    for c in &r.connects {
+        let tried = c.latency.latency.count + c.refused.count + c.failed.count;
+        if tried == 0 {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "  connect to {} ({})  {} ({:.1}/s)",
+            c.destination, c.path, c.latency.latency.count, c.latency.rate_per_s
+        );
+        if c.refused.total > 0 {
+            let _ = write!(out, "  refused {}", c.refused.count);
+        }
+        if c.failed.total > 0 {
+            let _ = write!(out, "  failed {}", c.failed.count);
+        }
+        out.push('\n');
+        if c.latency.latency.count > 0 {
+            let _ = writeln!(
+                out,
+                "    connect latency {}",
+                percentile_line(&c.latency.latency)
+            );
+        }
+    }
+    out
+}
+
+/// Each client reaching one server over TCP and over a unix socket: the two
+/// paths side by side.
+fn paths_block(paths: &[PathComparison]) -> String {
+    let mut out = String::new();
+    for p in paths {
+        let _ = writeln!(out, "paths: {} → {}", p.client, p.server);
+        for (kind, n) in [("tcp", &p.tcp), ("unix", &p.unix)] {
+            let queue = if n.accept_queue.count > 0 {
+                duration(n.accept_queue.p50_ns)
+            } else {
+                "-".to_string()
+            };
+            let _ = write!(
+                out,
+                "  {kind:<4} {}  connects {}  connect p50 {} p99 {}  accept p50 {}  queue p50 {queue}",
+                n.destination,
+                n.connect.count,
+                duration(n.connect.p50_ns),
+                duration(n.connect.p99_ns),
+                duration(n.accept.p50_ns),
+            );
+            if n.refused + n.failed > 0 {
+                let _ = write!(out, "  refused {}  failed {}", n.refused, n.failed);
+            }
+            out.push('\n');
         }
     }
     out

@@ -379,11 +379,13 @@ pub fn fdinfo_run_totals(ids: &[u32]) -> (u64, u64) {
 /// truncates them, to 15 bytes).
 /// (One state program is loaded: `tcp_state`, or `tcp_state_btf` and its
 /// nested copy where the BTF tracepoint serves.)
-pub const PROGRAM_NAMES: [&str; 7] = [
+pub const PROGRAM_NAMES: [&str; 9] = [
     "tcp_state",
     "tcp_sockets",
     "accept_enter",
     "accept_exit",
+    "connect_enter",
+    "connect_exit",
     "watch_fork",
     "watch_exec",
     "watch_exit",

@@ -549,6 +549,19 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
             }
         }
     }
+    // Its connects, per destination.
+    for c in &r.connects {
+        let failures = c.refused.total + c.failed.total;
+        let label = if failures > 0 {
+            format!(
+                "connect {} ({} refused, {} failed)",
+                c.destination, c.refused.total, c.failed.total
+            )
+        } else {
+            format!("connect {}", c.destination)
+        };
+        rows.push((label, &c.latency.latency));
+    }
     let name_width = rows
         .iter()
         .map(|(n, _)| n.chars().count())

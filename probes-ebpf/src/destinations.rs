@@ -1,0 +1,56 @@
+//! The names of connect destinations, by the id their histograms carry
+//! (see probes_common::connect): written once per destination, read by
+//! userspace when a histogram with a new id appears.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{LruHashMap, PerCpuArray},
+};
+use probes_common::connect::{DESTINATIONS_MAX_ENTRIES, TcpDestination, UnixDestination};
+
+/// LRU: entries are never deleted (many processes share a destination),
+/// and one not connected to for long may make room. An insert takes a
+/// lock, but happens once per destination.
+#[map]
+static TCP_DESTINATIONS: LruHashMap<u64, TcpDestination> =
+    LruHashMap::with_max_entries(DESTINATIONS_MAX_ENTRIES, 0);
+
+#[map]
+static UNIX_DESTINATIONS: LruHashMap<u64, UnixDestination> =
+    LruHashMap::with_max_entries(DESTINATIONS_MAX_ENTRIES, 0);
+
+/// Where the connect probe reads a unix address into: too big for its
+/// stack beside the rest. Only that probe uses it, and it does not nest on
+/// a CPU (the classic tracepoints share a per-CPU guard).
+#[map]
+static UNIX_SCRATCH: PerCpuArray<UnixDestination> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's unix scratch record, zeroed.
+#[inline(always)]
+pub fn unix_scratch() -> Option<&'static mut UnixDestination> {
+    let ptr = UNIX_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's value of a one-entry array, which lives as long as
+    // the map; only the connect probe uses it (see above).
+    let d = unsafe { &mut *ptr };
+    *d = UnixDestination::ZERO;
+    Some(d)
+}
+
+/// Names a unix destination unless it is named already (a failed insert
+/// leaves it unnamed, which userspace says).
+#[inline(always)]
+pub fn name_unix(id: u64, d: &UnixDestination) {
+    // SAFETY: only whether the entry exists is used.
+    if unsafe { UNIX_DESTINATIONS.get(id) }.is_none() {
+        let _ = UNIX_DESTINATIONS.insert(id, d, 0);
+    }
+}
+
+/// Names a TCP destination unless it is named already.
+#[inline(always)]
+pub fn name_tcp(id: u64, d: &TcpDestination) {
+    // SAFETY: as above.
+    if unsafe { TCP_DESTINATIONS.get(id) }.is_none() {
+        let _ = TCP_DESTINATIONS.insert(id, d, 0);
+    }
+}
