@@ -12,10 +12,9 @@ pub const UNIX_DESTINATIONS_MAP: &str = "UNIX_DESTINATIONS";
 pub const DESTINATIONS_MAX_ENTRIES: u32 = 4096;
 /// Array of [`ConnectStart`] slots (see [`crate::DEFAULT_SLOTS`]).
 pub const CONNECT_START_MAP: &str = "CONNECT_START";
-/// Global holding the offset of `uservaddr` in `sys_enter_connect`.
+/// Global holding the offset of `uservaddr` in `sys_enter_connect`, which
+/// `addrlen` follows 8 bytes on (the probe reads both at once).
 pub const ENTER_ADDR_OFFSET_GLOBAL: &str = "CONNECT_ENTER_ADDR_OFFSET";
-/// Global holding the offset of `addrlen` in `sys_enter_connect`.
-pub const ENTER_LEN_OFFSET_GLOBAL: &str = "CONNECT_ENTER_LEN_OFFSET";
 /// Global holding the offset of `ret` in `sys_exit_connect`.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "CONNECT_EXIT_RET_OFFSET";
 
@@ -90,18 +89,19 @@ impl UnixDestination {
     }
 }
 
-/// A unix connect in flight: `start_ns` is 0 when the slot is free.
+/// A connect in flight: `start_ns` is 0 when the slot is free, or once the
+/// state probe saw it send a TCP SYN (a TCP connect, which it times).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ConnectStart {
     pub start_ns: u64,
-    /// The destination's id.
-    pub destination: u64,
+    /// The caller's `struct sockaddr *` and its length, read at the exit.
+    pub addr: u64,
     pub tid: u32,
-    pub _pad: u32,
+    pub len: u32,
 }
 
-crate::assert_layout!(ConnectStart, 24, { start_ns: 0, destination: 8, tid: 16, _pad: 20 });
+crate::assert_layout!(ConnectStart, 24, { start_ns: 0, addr: 8, tid: 16, len: 20 });
 
 #[cfg(feature = "user")]
 mod user {

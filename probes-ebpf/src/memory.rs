@@ -31,6 +31,8 @@ unsafe impl Bits for i32 {}
 unsafe impl Bits for i64 {}
 // SAFETY: as above.
 unsafe impl<const N: usize> Bits for [u8; N] {}
+// SAFETY: as above.
+unsafe impl<const N: usize> Bits for [u64; N] {}
 
 /// The `T` at kernel address `at`, None if the read fails.
 #[inline(always)]

@@ -41,10 +41,21 @@ pub fn accept(tid: u32) -> Option<&'static mut AcceptStart> {
     slot(&ACCEPT_START, tid)
 }
 
-/// Thread `tid`'s unix connect slot.
+/// Thread `tid`'s connect slot.
 #[inline(always)]
 pub fn connect(tid: u32) -> Option<&'static mut ConnectStart> {
     slot(&CONNECT_START, tid)
+}
+
+/// Thread `tid`'s connect in flight sent a TCP SYN: the state probe times
+/// it, so the connect probe lets it go.
+#[inline(always)]
+pub fn connect_went_tcp(tid: u32) {
+    if let Some(slot) = connect(tid)
+        && slot.tid == tid
+    {
+        slot.start_ns = 0;
+    }
 }
 
 /// Thread `tid`'s clone slot.

@@ -31,6 +31,7 @@ use crate::{
     clock::now,
     destinations, events, hist, memory,
     offsets::offset_globals,
+    slots,
     tcp_links::{self, Ends},
     tracked,
     watch_set::is_watched,
@@ -228,6 +229,15 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
         (TCP_CLOSE, TCP_SYN_SENT) | (TCP_SYN_RECV, TCP_ESTABLISHED) | (_, TCP_CLOSE)
     );
     let by_owner = by_owner(old, new);
+    let pid_tgid = if by_owner {
+        bpf_get_current_pid_tgid()
+    } else {
+        0
+    };
+    if old == TCP_CLOSE && new == TCP_SYN_SENT {
+        // In the connect syscall of the socket's thread.
+        slots::connect_went_tcp(pid_tgid as u32);
+    }
     if !counted && !listen && !by_owner {
         // CLOSE → SYN_RECV, FIN_WAIT1 → FIN_WAIT2, ESTABLISHED →
         // CLOSE_WAIT: three of a connection's ten changes count nothing and
@@ -235,11 +245,7 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
         return;
     }
     // The current task means something only for changes its syscalls make.
-    let tgid = if by_owner {
-        (bpf_get_current_pid_tgid() >> 32) as u32
-    } else {
-        0
-    };
+    let tgid = (pid_tgid >> 32) as u32;
     let in_owner = by_owner && is_watched(tgid);
 
     // Whose socket is it? One we track; else, for changes made by a watched

@@ -2,15 +2,15 @@
 //! probes-ebpf/src/connect.rs, and the state probe for TCP): setup before
 //! load, attachment, and the names of destinations.
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use aya::{
     Ebpf,
     maps::{HashMap, MapData},
 };
 use probes_common::connect::{
-    AF_INET6, CONNECT_START_MAP, ENTER_ADDR_OFFSET_GLOBAL, ENTER_LEN_OFFSET_GLOBAL, ENTER_PROGRAM,
-    ENTER_TRACEPOINT, EXIT_PROGRAM, EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINT, TCP_DESTINATIONS_MAP,
-    TcpDestination, UNIX_DESTINATIONS_MAP, UnixDestination,
+    AF_INET6, CONNECT_START_MAP, ENTER_ADDR_OFFSET_GLOBAL, ENTER_PROGRAM, ENTER_TRACEPOINT,
+    EXIT_PROGRAM, EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINT, TCP_DESTINATIONS_MAP, TcpDestination,
+    UNIX_DESTINATIONS_MAP, UnixDestination,
 };
 
 use super::{
@@ -20,17 +20,21 @@ use super::{
 };
 use crate::model::sockets;
 
-/// The `uservaddr`, `addrlen` and `ret` offsets from this kernel's
-/// tracepoint layouts, and the in-flight slots.
+/// The `uservaddr` and `ret` offsets from this kernel's tracepoint
+/// layouts, and the in-flight slots.
 pub fn setup(tracefs: &Tracefs, slots: u32) -> Result<Setup> {
     let enter = [ENTER_TRACEPOINT];
     let addr = tracefs.same_offset("syscalls", &enter, "uservaddr", 8)?;
     let len = tracefs.same_offset("syscalls", &enter, "addrlen", 8)?;
+    // The probe reads both in one copy.
+    ensure!(
+        len == addr + 8,
+        "{ENTER_TRACEPOINT} puts addrlen at {len}, not right after uservaddr at {addr}"
+    );
     let ret = tracefs.same_offset("syscalls", &[EXIT_TRACEPOINT], "ret", 8)?;
     Ok(Setup {
         globals: vec![
             (ENTER_ADDR_OFFSET_GLOBAL, addr),
-            (ENTER_LEN_OFFSET_GLOBAL, len),
             (EXIT_RET_OFFSET_GLOBAL, ret),
         ],
         map_sizes: vec![(CONNECT_START_MAP, slots)],
