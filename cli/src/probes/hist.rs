@@ -9,9 +9,12 @@ use aya::{
     Ebpf,
     maps::{MapData, PerCpuHashMap},
 };
-use probes_common::hist::{
-    BUCKETS, HISTS_MAP, HISTS_SPARE_MAP, HistKey, HistMetric, HistValue, bucket_bounds,
-    bucket_value,
+use probes_common::{
+    connect::DESTINATIONS_MAX_ENTRIES,
+    hist::{
+        BUCKETS, HISTS_MAP, HISTS_SPARE_MAP, HistKey, HistMetric, HistValue, bucket_bounds,
+        bucket_value,
+    },
 };
 
 use super::connect;
@@ -228,6 +231,10 @@ impl KernelHists {
             return Some(name.clone());
         }
         let name = connect::destination_name(ebpf, id)?;
+        // Bounded like the kernel's table it caches: past that, asked anew.
+        if self.destinations.len() >= DESTINATIONS_MAX_ENTRIES as usize {
+            self.destinations.clear();
+        }
         self.destinations.insert(id | 1, name.clone());
         Some(name)
     }

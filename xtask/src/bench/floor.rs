@@ -12,8 +12,8 @@ use serde_json::Value;
 use super::tracer::{Tracer, summary};
 
 /// What `stackprobe watch` attaches whichever rungs its ladders take
-/// (cli/src/probes/{watch,accept}.rs), in bpftrace's probe syntax.
-const ALWAYS: [&str; 7] = [
+/// (cli/src/probes/{watch,accept,connect}.rs), in bpftrace's probe syntax.
+const ALWAYS: [&str; 9] = [
     "tracepoint:sched:sched_process_fork",
     "tracepoint:sched:sched_process_exec",
     "tracepoint:sched:sched_process_exit",
@@ -21,6 +21,8 @@ const ALWAYS: [&str; 7] = [
     "tracepoint:syscalls:sys_enter_accept4",
     "tracepoint:syscalls:sys_exit_accept",
     "tracepoint:syscalls:sys_exit_accept4",
+    "tracepoint:syscalls:sys_enter_connect",
+    "tracepoint:syscalls:sys_exit_connect",
 ];
 
 /// What the floor attaches in place of the state probe's tp_btf rung; not a
@@ -183,14 +185,14 @@ mod tests {
     #[test]
     fn the_state_probes_tp_btf_rung_has_the_classic_tracepoint_stand_in() {
         let hooks = hooks(&report_with_state("tracepoint", "fd-walk", "tp_btf")).unwrap();
-        assert_eq!(hooks.len(), 16);
+        assert_eq!(hooks.len(), 18);
         assert!(hooks.contains(&TP_BTF_STAND_IN));
     }
 
     #[test]
     fn the_tracepoint_rungs_give_the_syscall_lifecycle_and_sock_tracepoints() {
         let hooks = hooks(&report("tracepoint", "fd-walk")).unwrap();
-        assert_eq!(hooks.len(), 16);
+        assert_eq!(hooks.len(), 18);
         assert!(hooks.iter().all(|h| h.starts_with("tracepoint:")));
         for h in [
             "tracepoint:syscalls:sys_enter_accept4",
@@ -207,7 +209,7 @@ mod tests {
     #[test]
     fn the_trampoline_rungs_replace_the_clone_tracepoints() {
         let hooks = hooks(&report("fentry", "fexit")).unwrap();
-        assert_eq!(hooks.len(), 11);
+        assert_eq!(hooks.len(), 13);
         assert!(hooks.contains(&"kretfunc:kernel_clone"));
         assert!(hooks.contains(&"kretfunc:inet_csk_accept"));
         assert!(!hooks.iter().any(|h| h.contains("clone3")));

@@ -19,8 +19,11 @@ const STACKPROBE_ARGS: [&str; 6] = [
     "watch", "nginx", "php-fpm", "postgres", "--no-tui", "--json",
 ];
 
-/// bpftrace measuring what stackprobe measures on the lab: accept and clone
-/// latency per process name, TCP state transitions, postgres exits.
+/// bpftrace measuring what stackprobe measures on the lab: accept, clone
+/// and connect latency per process name (connect: the syscall, as
+/// stackprobe times a unix one), TCP handshakes of connects (SYN_SENT →
+/// ESTABLISHED, as stackprobe times a TCP one), TCP state transitions,
+/// postgres exits.
 fn bpftrace_script(php: &str) -> String {
     let names = format!("comm == \"nginx\" || comm == \"{php}\" || comm == \"postgres\"");
     format!(
@@ -28,7 +31,9 @@ fn bpftrace_script(php: &str) -> String {
 tracepoint:syscalls:sys_exit_accept, tracepoint:syscalls:sys_exit_accept4 /@a[tid]/ {{ if (args->ret >= 0) {{ @accept_ns[comm] = hist(nsecs - @a[tid]); }} delete(@a[tid]); }}
 tracepoint:syscalls:sys_enter_clone, tracepoint:syscalls:sys_enter_clone3, tracepoint:syscalls:sys_enter_fork, tracepoint:syscalls:sys_enter_vfork /{names}/ {{ @c[tid] = nsecs; }}
 tracepoint:syscalls:sys_exit_clone, tracepoint:syscalls:sys_exit_clone3, tracepoint:syscalls:sys_exit_fork, tracepoint:syscalls:sys_exit_vfork /@c[tid]/ {{ if (args->ret > 0) {{ @clone_ns[comm] = hist(nsecs - @c[tid]); }} delete(@c[tid]); }}
-tracepoint:sock:inet_sock_set_state /args->protocol == 6/ {{ @states[args->oldstate, args->newstate] = count(); }}
+tracepoint:syscalls:sys_enter_connect /{names}/ {{ @k[tid] = nsecs; }}
+tracepoint:syscalls:sys_exit_connect /@k[tid]/ {{ @connect_ns[comm] = hist(nsecs - @k[tid]); delete(@k[tid]); }}
+tracepoint:sock:inet_sock_set_state /args->protocol == 6/ {{ $sk = args->skaddr; @states[args->oldstate, args->newstate] = count(); if (args->newstate == 2) {{ @syn[$sk] = nsecs; }} if (args->oldstate == 2) {{ if (args->newstate == 1) {{ @handshake_ns = hist(nsecs - @syn[$sk]); }} delete(@syn[$sk]); }} }}
 tracepoint:sched:sched_process_exit /comm == \"postgres\"/ {{ @exits = count(); }}"
     )
 }
@@ -121,8 +126,9 @@ pub fn run(scale: &Scale) -> Result<String> {
         "\n## 2. Cost to the watched server\n\n\
          The lab (`cargo xtask lab up`: nginx → nginx → php-fpm → postgres) under wrk \
          (2 threads, 8 connections), interleaved round by round: with nothing attached; with the \
-         floor; under a bpftrace script measuring the same things as stackprobe (accept and clone \
-         latency histograms per process name, TCP state transitions, postgres exits); and under \
+         floor; under a bpftrace script measuring the same things as stackprobe (accept, clone and \
+         connect latency histograms per process name, TCP connects' handshake latency, TCP state \
+         transitions, postgres exits); and under \
          `stackprobe watch nginx php-fpm postgres`.\n\n\
          The floor is bpftrace running an empty program on each hook stackprobe attached on this \
          kernel (its report's hooks, checked against the perf-event links the kernel \
