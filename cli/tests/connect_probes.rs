@@ -44,15 +44,19 @@ fn wait_in_connect(pid: u32) {
     }
 }
 
-/// The role's connect rows by destination: (successes, refused, failed).
-fn connects(report: &Value, role: &str) -> Vec<(String, u64, u64, u64)> {
-    let role = report["roles"]
+/// The report's row of `role`.
+fn role<'a>(report: &'a Value, role: &str) -> &'a Value {
+    report["roles"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| r["role"] == role)
-        .unwrap_or_else(|| panic!("no role {role} in {report}"));
-    role["connects"]
+        .unwrap_or_else(|| panic!("no role {role} in {report}"))
+}
+
+/// The role's connect rows by destination: (successes, refused, failed).
+fn connects(report: &Value, name: &str) -> Vec<(String, u64, u64, u64)> {
+    role(report, name)["connects"]
         .as_array()
         .unwrap()
         .iter()
@@ -139,12 +143,7 @@ fn connects_are_counted_per_destination_with_refused_and_failed() {
     ];
     want.sort();
     assert_eq!(got, want, "{summary}");
-    let role = summary["roles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["role"] == name.as_str())
-        .unwrap();
+    let role = role(&summary, &name);
     let paths: Vec<&str> = role["connects"]
         .as_array()
         .unwrap()
@@ -210,12 +209,7 @@ fn connect_latency_is_the_known_delay_of_a_full_listener() {
     let (status, stdout, stderr) = sp.finish();
     assert!(status.success(), "{stderr}");
     let summary = json_lines(&stdout).pop().unwrap();
-    let role = summary["roles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["role"] == name.as_str())
-        .unwrap_or_else(|| panic!("{summary}"));
+    let role = role(&summary, &name);
     for (destination, delay) in [(server.tcp.as_str(), RTO), (unix.as_str(), UNIX_DELAY)] {
         let c = role["connects"]
             .as_array()

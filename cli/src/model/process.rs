@@ -152,6 +152,22 @@ impl ConnectActivity {
     }
 }
 
+/// `name`'s entry in `map`, which keeps at most `max` names apart: past
+/// that, a new name's numbers go under `other`.
+fn bounded_entry<'a, T: Default>(
+    map: &'a mut BTreeMap<String, T>,
+    name: &str,
+    max: usize,
+    other: &str,
+) -> &'a mut T {
+    let name = if map.len() >= max && !map.contains_key(name) {
+        other
+    } else {
+        name
+    };
+    map.entry(name.to_string()).or_default()
+}
+
 /// What one listening socket's accepts measured.
 #[derive(Clone, Debug, Default)]
 pub struct ListenerActivity {
@@ -207,23 +223,18 @@ impl Activity {
     /// The listener `name`'s numbers (past [`MAX_LISTENERS`], those of
     /// [`OTHER_LISTENERS`]).
     fn listener(&mut self, name: &str) -> &mut ListenerActivity {
-        let name = if self.listeners.len() >= MAX_LISTENERS && !self.listeners.contains_key(name) {
-            OTHER_LISTENERS
-        } else {
-            name
-        };
-        self.listeners.entry(name.to_string()).or_default()
+        bounded_entry(&mut self.listeners, name, MAX_LISTENERS, OTHER_LISTENERS)
     }
 
     /// The destination `name`'s numbers (past [`MAX_DESTINATIONS`], those
     /// of [`OTHER_DESTINATIONS`]).
     fn destination(&mut self, name: &str) -> &mut ConnectActivity {
-        let name = if self.connects.len() >= MAX_DESTINATIONS && !self.connects.contains_key(name) {
-            OTHER_DESTINATIONS
-        } else {
-            name
-        };
-        self.connects.entry(name.to_string()).or_default()
+        bounded_entry(
+            &mut self.connects,
+            name,
+            MAX_DESTINATIONS,
+            OTHER_DESTINATIONS,
+        )
     }
 
     pub fn add(&mut self, other: &Activity, span: Span) {
