@@ -162,7 +162,10 @@ fn connects_are_counted_per_destination_with_refused_and_failed() {
 /// TCP_TIMEOUT_INIT); a unix connect blocks until an accept makes room,
 /// which the test makes 300 ms after the client is seen blocked. Each held
 /// connect's latency is at least its delay and at most its delay plus the
-/// slack of timers and scheduling (30 ms here).
+/// slack of timers and scheduling: 30 ms, and for the retransmission the
+/// timer wheel's own lateness, up to an eighth of the timeout (a 1 s timer
+/// at HZ=250 is on the wheel's level of 8-jiffy, 32 ms, steps; 1.031 s was
+/// seen).
 #[test]
 fn connect_latency_is_the_known_delay_of_a_full_listener() {
     let _lock = probe_lock();
@@ -184,6 +187,7 @@ fn connect_latency_is_the_known_delay_of_a_full_listener() {
     const UNIX_DELAY: Duration = Duration::from_millis(300);
     const RTO: Duration = Duration::from_secs(1);
     const SLACK: Duration = Duration::from_millis(30);
+    const WHEEL_SLACK: Duration = Duration::from_millis(125);
 
     // The first of each takes the queue's one place; the second is held.
     let mut first = client(&program, "tcp", &server.tcp, 1);
@@ -210,7 +214,10 @@ fn connect_latency_is_the_known_delay_of_a_full_listener() {
     assert!(status.success(), "{stderr}");
     let summary = json_lines(&stdout).pop().unwrap();
     let role = role(&summary, &name);
-    for (destination, delay) in [(server.tcp.as_str(), RTO), (unix.as_str(), UNIX_DELAY)] {
+    for (destination, delay, slack) in [
+        (server.tcp.as_str(), RTO, WHEEL_SLACK + SLACK),
+        (unix.as_str(), UNIX_DELAY, SLACK),
+    ] {
         let c = role["connects"]
             .as_array()
             .unwrap()
@@ -221,7 +228,7 @@ fn connect_latency_is_the_known_delay_of_a_full_listener() {
         // The held connect is the slower: the histogram's max, exact.
         let max = Duration::from_nanos(c["latency"]["max_ns"].as_u64().unwrap());
         assert!(
-            max >= delay && max <= delay + SLACK,
+            max >= delay && max <= delay + slack,
             "{destination}: held {max:?}, delay {delay:?}: {c}"
         );
         // The one that found room took no delay.
