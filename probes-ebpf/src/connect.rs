@@ -5,9 +5,14 @@
 //! frees the thread's slot, so a TCP connect costs this probe no read of
 //! the caller's memory (~270 ns here).
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user_buf, bpf_probe_read_user_str_bytes},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_probe_read_user_str_bytes,
+        generated::bpf_probe_read_user as bpf_probe_read_user_raw,
+    },
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -107,15 +112,24 @@ fn read_unix_path(path: u64, len: u32, d: &mut UnixDestination) -> Option<()> {
         d.len = read as u32;
         return Some(());
     }
-    let n = usize::try_from(len)
-        .ok()?
-        .checked_sub(PATH_OFFSET as usize)?;
-    if n == 0 || n > UNIX_PATH_MAX {
+    if !(PATH_OFFSET as u32 + 1..=PATH_OFFSET as u32 + UNIX_PATH_MAX as u32).contains(&len) {
         return None;
     }
-    let buf = d.path.get_mut(..n)?;
-    // SAFETY: the helper checks the user address.
-    unsafe { bpf_probe_read_user_buf(path as *const u8, buf) }.ok()?;
+    // The length again, opaque to the compiler so that it keeps the mask:
+    // the check above bounds it in the register it is made on, but 6.1's
+    // verifier does not carry that over to a copy reloaded from the stack,
+    // which the read may be given; the mask bounds any copy, and the
+    // scratch record has room for what it lets through.
+    let n = (core::hint::black_box(len) as usize).wrapping_sub(PATH_OFFSET as usize)
+        & destinations::UNIX_READ_MASK;
+    // SAFETY: the helper checks the user address; `n` bytes fit the path
+    // and the scratch record's room behind it.
+    let read = unsafe {
+        bpf_probe_read_user_raw(d.path.as_mut_ptr().cast(), n as u32, path as *const c_void)
+    };
+    if read != 0 {
+        return None;
+    }
     d.len = n as u32;
     Some(())
 }

@@ -23,7 +23,21 @@ static UNIX_DESTINATIONS: LruHashMap<u64, UnixDestination> =
 /// stack beside the rest. Only that probe uses it, and it does not nest on
 /// a CPU (the classic tracepoints share a per-CPU guard).
 #[map]
-static UNIX_SCRATCH: PerCpuArray<UnixDestination> = PerCpuArray::with_max_entries(1, 0);
+static UNIX_SCRATCH: PerCpuArray<UnixScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// The largest length a read into the scratch record may be given: a
+/// mask, which bounds the length for every verifier (see connect.rs).
+pub const UNIX_READ_MASK: usize = 127;
+
+/// A unix destination with room behind its path for a read of up to
+/// [`UNIX_READ_MASK`] bytes, the bound older verifiers (6.1) check the read
+/// against: they do not carry the probe's tighter check over to a copy of
+/// the length reloaded from the stack.
+#[repr(C)]
+pub struct UnixScratch {
+    pub d: UnixDestination,
+    room: [u8; UNIX_READ_MASK + 4 - size_of::<UnixDestination>()],
+}
 
 /// This CPU's unix scratch record, zeroed.
 #[inline(always)]
@@ -31,7 +45,7 @@ pub fn unix_scratch() -> Option<&'static mut UnixDestination> {
     let ptr = UNIX_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: this CPU's value of a one-entry array, which lives as long as
     // the map; only the connect probe uses it (see above).
-    let d = unsafe { &mut *ptr };
+    let d = unsafe { &mut (*ptr).d };
     *d = UnixDestination::ZERO;
     Some(d)
 }
