@@ -72,7 +72,8 @@ fn connects(report: &Value, name: &str) -> Vec<(String, u64, u64, u64)> {
 }
 
 /// A server on TCP and a unix socket; a client connecting 5 times over TCP
-/// and 3 over the unix socket, then to a closed TCP port, a unix socket
+/// and 3 over the unix socket, twice to an abstract unix name and once more
+/// after its listener closed, then to a closed TCP port, a unix socket
 /// file nobody listens on and a path that does not exist: each destination
 /// counted exactly, with its path.
 #[test]
@@ -108,6 +109,24 @@ fn connects_are_counted_per_destination_with_refused_and_failed() {
     let unix = path.to_str().unwrap();
     assert!(client(&program, "unix", unix, 3).wait().unwrap().success());
     server.wait_accepted(3);
+    let abstract_name = format!("{name}-abstract");
+    let at = format!("@{abstract_name}");
+    {
+        use std::{io::Write as _, os::linux::net::SocketAddrExt as _, os::unix::net};
+        let listener = net::UnixListener::bind_addr(
+            &net::SocketAddr::from_abstract_name(&abstract_name).unwrap(),
+        )
+        .unwrap();
+        let served = std::thread::spawn(move || {
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().unwrap();
+                s.write_all(b"x").unwrap();
+            }
+        });
+        assert!(client(&program, "unix", &at, 2).wait().unwrap().success());
+        served.join().unwrap();
+    }
+    assert!(!client(&program, "unix", &at, 1).wait().unwrap().success());
     for _ in 0..4 {
         assert!(
             !client(&program, "tcp", &closed_addr, 1)
@@ -137,6 +156,7 @@ fn connects_are_counted_per_destination_with_refused_and_failed() {
     let mut want = vec![
         (server.tcp.clone(), 5, 0, 0),
         (unix.to_string(), 3, 0, 0),
+        (at.clone(), 2, 1, 0),
         (closed_addr, 0, 4, 0),
         (stale.to_str().unwrap().to_string(), 0, 2, 0),
         (missing.to_str().unwrap().to_string(), 0, 0, 1),
@@ -151,7 +171,7 @@ fn connects_are_counted_per_destination_with_refused_and_failed() {
         .map(|c| c["path"].as_str().unwrap())
         .collect();
     assert_eq!(paths.iter().filter(|&&p| p == "tcp").count(), 2, "{role}");
-    assert_eq!(paths.iter().filter(|&&p| p == "unix").count(), 3, "{role}");
+    assert_eq!(paths.iter().filter(|&&p| p == "unix").count(), 4, "{role}");
     server.stop();
     assert!(programs_left_loaded().is_empty());
 }

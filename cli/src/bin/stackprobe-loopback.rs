@@ -23,14 +23,15 @@
 //! `stackprobe-loopback connect tcp|unix ADDR N [--close-first]` opens N
 //! connections one after another, reading the server's byte on each, then
 //! waiting for the server to close (or, with `--close-first`, closing at
-//! once); prints `connected N`.
+//! once); prints `connected N`. A unix ADDR `@name` is an abstract name.
 
 use std::{
     io::{self, BufRead, Read, Write},
     net::{TcpListener, TcpStream},
     os::{
         fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd},
-        unix::net::{UnixListener, UnixStream},
+        linux::net::SocketAddrExt as _,
+        unix::net::{SocketAddr, UnixListener, UnixStream},
     },
     process::ExitCode,
 };
@@ -57,6 +58,15 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.windows(2)
         .find(|w| w[0] == name)
         .map(|w| w[1].as_str())
+}
+
+/// A unix address as `ss` writes it: a path, or `@name` for an abstract
+/// one.
+fn unix_addr(addr: &str) -> io::Result<SocketAddr> {
+    match addr.strip_prefix('@') {
+        Some(name) => SocketAddr::from_abstract_name(name),
+        None => SocketAddr::from_pathname(addr),
+    }
 }
 
 fn serve(args: &[String]) -> Result<ExitCode> {
@@ -348,7 +358,9 @@ fn connect(args: &[String]) -> Result<ExitCode> {
     for _ in 0..n {
         match kind.as_str() {
             "tcp" => TcpStream::connect(addr.as_str()).and_then(|mut s| talk(&mut s)),
-            "unix" => UnixStream::connect(addr).and_then(|mut s| talk(&mut s)),
+            "unix" => unix_addr(addr)
+                .and_then(|a| UnixStream::connect_addr(&a))
+                .and_then(|mut s| talk(&mut s)),
             other => return Err(format!("unknown kind {other}")),
         }
         .map_err(|e| format!("connect {addr}: {e}"))?;
