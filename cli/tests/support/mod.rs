@@ -133,6 +133,28 @@ pub fn require_root() {
 }
 
 /// A scratch directory removed on drop.
+/// A sysctl set for a test and put back as it was when dropped (also when
+/// the test panics).
+pub struct Sysctl {
+    path: PathBuf,
+    was: String,
+}
+
+impl Sysctl {
+    pub fn set(name: &str, value: &str) -> Self {
+        let path = Path::new("/proc/sys").join(name.replace('.', "/"));
+        let was = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, value).unwrap();
+        Self { path, was }
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.path, self.was.trim());
+    }
+}
+
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
