@@ -33,7 +33,12 @@ const PACKAGES: [&str; 5] = [
 
 /// The test binaries run in each guest by default: the probes' own tests
 /// (the rest drive terminals, real services or long soaks).
-pub const DEFAULT_TESTS: [&str; 3] = ["accept_probes", "fork_probes", "sock_probes"];
+pub const DEFAULT_TESTS: [&str; 4] = [
+    "accept_probes",
+    "connect_probes",
+    "fork_probes",
+    "sock_probes",
+];
 
 /// A kernel of the matrix: how `--kernel` names it and which Debian package
 /// holds it.

@@ -667,3 +667,26 @@ pub fn row(report: &Value, pid: u32) -> Option<&Value> {
         .iter()
         .find(|p| p["pid"] == pid)
 }
+
+/// A client: `program` (a link to the loopback binary, named as the role
+/// the test watches) making `n` connections of `kind` to `addr`, one after
+/// another.
+pub fn connect_client(program: &Path, kind: &str, addr: &str, n: u32) -> Child {
+    Command::new(program)
+        .args(["connect", kind, addr, &n.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// The report's row of `role`.
+pub fn role_row<'a>(report: &'a Value, role: &str) -> &'a Value {
+    report["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["role"] == role)
+        .unwrap_or_else(|| panic!("no role {role} in {report}"))
+}
