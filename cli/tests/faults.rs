@@ -13,18 +13,8 @@ use std::{
     time::Duration,
 };
 
-use serde_json::Value;
 use stackprobe::probes::privileges;
 use support::*;
-
-fn role<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["roles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["role"] == name)
-        .unwrap_or_else(|| panic!("no role {name} in {}", report["roles"]))
-}
 
 /// `(name, mask)` of every Cap* line of every thread of `pid`.
 fn capabilities(pid: u32) -> Vec<(String, u64)> {
@@ -121,7 +111,7 @@ fn a_stalled_reader_misses_no_accept() {
     assert_eq!(drops["hist_full"], 0, "{drops}");
     assert_eq!(summary["events"]["total"], 0, "no accept crosses the ring");
     assert_eq!(row(&summary, pid).expect("the server")["total"], n);
-    let accept = &role(&summary, "stackprobe-loop")["accept"];
+    let accept = &role_row(&summary, "stackprobe-loop")["accept"];
     assert_eq!(accept["total"], n);
     server.stop();
 }
@@ -225,7 +215,7 @@ fn a_watched_server_that_restarts_is_followed_and_its_first_run_is_reported_exit
         row(&summary, second.pid).expect("the second run")["total"],
         7
     );
-    let r = role(&summary, &name);
+    let r = role_row(&summary, &name);
     assert_eq!(r["accept"]["total"], 12, "both runs' accepts: {r}");
     assert_eq!(r["pids"], serde_json::json!([second.pid]));
     assert_eq!(r["exited"]["total"], 1, "{r}");
@@ -251,7 +241,7 @@ fn a_watched_pid_that_dies_is_reported_exited_and_the_run_goes_on() {
     let summary = json_lines(&stdout).pop().unwrap();
     assert!(row(&summary, pid).is_none(), "a dead process shown live");
     assert_eq!(summary["watched"], 0);
-    let r = role(&summary, "stackprobe-loop");
+    let r = role_row(&summary, "stackprobe-loop");
     assert_eq!(
         (&r["accept"]["total"], &r["exited"]["total"]),
         (&4.into(), &1.into()),

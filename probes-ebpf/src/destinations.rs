@@ -2,6 +2,8 @@
 //! (see probes_common::connect): written once per destination, read by
 //! userspace when a histogram with a new id appears.
 
+use core::mem::offset_of;
+
 use aya_ebpf::{
     macros::map,
     maps::{LruHashMap, PerCpuArray},
@@ -36,7 +38,7 @@ pub const UNIX_READ_MASK: usize = 127;
 #[repr(C)]
 pub struct UnixScratch {
     pub d: UnixDestination,
-    room: [u8; UNIX_READ_MASK + 4 - size_of::<UnixDestination>()],
+    room: [u8; offset_of!(UnixDestination, path) + UNIX_READ_MASK - size_of::<UnixDestination>()],
 }
 
 /// This CPU's unix scratch record, zeroed.

@@ -132,7 +132,6 @@ pub fn require_root() {
     );
 }
 
-/// A scratch directory removed on drop.
 /// A sysctl set for a test and put back as it was when dropped (also when
 /// the test panics).
 pub struct Sysctl {
@@ -155,6 +154,7 @@ impl Drop for Sysctl {
     }
 }
 
+/// A scratch directory removed on drop.
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
