@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, Map, MapData, PerCpuHashMap, loaded_maps};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuHashMap, loaded_maps};
 use serde_json::Value;
 use support::*;
 
@@ -49,6 +49,14 @@ fn map_entries() -> Vec<(String, usize)> {
             continue;
         };
         let n = match name.as_str() {
+            // Slots held: a socket's address in them.
+            "TRACKED_SLOTS" => {
+                Array::<_, probes_common::sock::TrackedSlot>::try_from(Map::Array(data)).map(|m| {
+                    m.iter()
+                        .filter(|s| s.as_ref().is_ok_and(|s| s.sk != 0))
+                        .count()
+                })
+            }
             "TRACKED" => {
                 HashMap::<_, u64, probes_common::sock::TrackedSocket>::try_from(Map::HashMap(data))
                     .map(|m| m.keys().count())
@@ -121,7 +129,7 @@ impl Churned {
         // Sockets leave the maps when they close: after the churn, only
         // what is still open (the listener, the last TIME_WAIT closes)
         // remains.
-        assert_eq!(self.entries_end.len(), 4, "{:?}", self.entries_end);
+        assert_eq!(self.entries_end.len(), 5, "{:?}", self.entries_end);
         for (name, n) in &self.entries_end {
             assert!(*n <= 64, "{name} still holds {n} entries after the churn");
         }

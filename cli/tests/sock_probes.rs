@@ -494,3 +494,84 @@ fn under_connection_churn_no_state_change_is_skipped_and_every_one_counts() {
     assert_eq!(drops.total(), 0, "{drops:?}");
     server.stop();
 }
+
+/// Entries now in the kernel's hash map of sockets that found their slot
+/// taken (the map of that name stackprobe loaded).
+fn spilled_sockets() -> usize {
+    use aya::maps::{HashMap, Map, MapData, loaded_maps};
+    loaded_maps()
+        .filter_map(Result::ok)
+        .filter(|m| m.name_as_str() == Some(probes_common::sock::TRACKED_MAP))
+        .map(|m| {
+            let data = MapData::from_id(m.id()).unwrap();
+            HashMap::<_, u64, probes_common::sock::TrackedSocket>::try_from(Map::HashMap(data))
+                .unwrap()
+                .keys()
+                .count()
+        })
+        .sum()
+}
+
+#[test]
+fn thousands_of_sockets_held_at_once_are_all_followed_even_when_they_share_a_slot() {
+    let _lock = probe_lock();
+    // A watched listener that never accepts, and n connections held open
+    // at once: the kernel follows each from its arrival, in the slot its
+    // address picks; with n = 3000 of 65536 slots, about 70 find theirs
+    // taken and go to the hash map instead.
+    let n: u64 = 3000;
+    let server = Server::start_args(
+        Path::new(LOOPBACK),
+        &["--tcp", "127.0.0.1:0", "--backlog", "4096"],
+        None,
+    );
+    let mut s = Session::start();
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
+    s.sync();
+    s.collector.observe_sockets().unwrap();
+
+    let limit = libc::rlimit {
+        rlim_cur: n + 256,
+        rlim_max: n + 256,
+    };
+    let mut old = limit;
+    // SAFETY: plain getrlimit/setrlimit calls on structs of the right type.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
+        if old.rlim_cur < limit.rlim_cur {
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
+    let addr: std::net::SocketAddr = server.tcp.parse().unwrap();
+    let held: Vec<_> = (0..n)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    let spilled = spilled_sockets();
+    assert!(
+        spilled > 0,
+        "{n} sockets held and none in the hash map: the spill path went untested"
+    );
+    // The clients close, then the listener with its queue: every queued
+    // connection is reset (CLOSE_WAIT → CLOSE, an abort).
+    drop(held);
+    server.stop();
+    // SAFETY: as above.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) };
+    let server_side = format!("{} ← 127.0.0.1", addr);
+    observe_until(&mut s, |s| {
+        s.collector
+            .table()
+            .links
+            .iter()
+            .any(|(k, st)| k.peer == server_side && st.closes.total == n)
+    });
+    let srv = link(&s, "stackprobe-loop", &server_side);
+    assert_eq!(
+        (srv.opens.total, srv.closes.total, srv.aborts.total),
+        (n, n, n),
+        "{spilled} of {n} in the hash map"
+    );
+    assert_eq!(spilled_sockets(), 0, "sockets still followed after closing");
+    let drops = s.collector.probes().drops().unwrap();
+    assert_eq!(drops.total(), 0, "{drops:?}");
+}

@@ -192,9 +192,14 @@ pub const STATE_BTF_EVENT: &str = "inet_sock_set_state";
 /// context), which the kernel skips it for, since a program does not nest
 /// on a CPU.
 pub const STATE_BTF_NESTED_PROGRAM: &str = "tcp_state_btf_nested";
-/// Map from a socket's address to its [`TrackedSocket`].
+/// The watched sockets' records ([`TrackedSlot`]), each in the slot its
+/// address picks; a socket whose slot is taken goes to [`TRACKED_MAP`].
+pub const TRACKED_SLOTS_MAP: &str = "TRACKED_SLOTS";
+pub const TRACKED_SLOT_COUNT: u32 = 65536;
+/// Map from a socket's address to its [`TrackedSocket`], for the sockets
+/// whose slot another held when they opened.
 pub const TRACKED_MAP: &str = "TRACKED";
-pub const TRACKED_MAX_ENTRIES: u32 = 65536;
+pub const TRACKED_MAX_ENTRIES: u32 = 16384;
 /// Map from a listening port (in its network namespace, [`listen_key`]) to the watched process listening on it: the
 /// owner of connections that arrive there (their handshake completes in
 /// softirq, where the current task is not the owner).
@@ -276,6 +281,24 @@ pub struct TrackedSocket {
 
 crate::assert_layout!(TrackedSocket, 32, {
     owner: 0, closer: 4, side: 8, _pad: 9, since_ns: 16, destination: 24,
+});
+
+/// One slot of [`TRACKED_SLOTS_MAP`]: a cache line, so that following a
+/// socket costs one line, not a hash map's bucket and element.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrackedSlot {
+    /// The socket's address; 0 for a free slot.
+    pub sk: u64,
+    /// How many CPUs hold or are claiming the slot (see the eBPF side's
+    /// `tracked` module): 1 while a socket holds it.
+    pub claims: u64,
+    pub socket: TrackedSocket,
+    pub _pad: [u64; 2],
+}
+
+crate::assert_layout!(TrackedSlot, 64, {
+    sk: 0, claims: 8, socket: 16, _pad: 48,
 });
 
 /// Per-CPU counts per link: `LinkKey` → `LinkCounts`.
@@ -427,6 +450,7 @@ mod user_state {
     unsafe impl aya::Pod for super::IterConfig {}
     unsafe impl aya::Pod for super::TwCount {}
     unsafe impl aya::Pod for super::TrackedSocket {}
+    unsafe impl aya::Pod for super::TrackedSlot {}
     unsafe impl aya::Pod for super::LinkKey {}
     unsafe impl aya::Pod for super::LinkCounts {}
 }

@@ -117,7 +117,7 @@ pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
             (*t).next = (*t).next.wrapping_add(1);
         }
     }
-    on_btf_change(sk, old, new, Instance::First);
+    on_btf_change(&ctx, old, new, Instance::First);
     0
 }
 
@@ -173,7 +173,7 @@ pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     events::count(Stat::TcpStateNested);
-    on_btf_change(sk, old, new, Instance::Nested);
+    on_btf_change(&ctx, old, new, Instance::Nested);
     0
 }
 
@@ -192,8 +192,15 @@ fn btf_args(ctx: &BtfTracePointContext) -> (u64, u8, u8) {
     (ctx.arg(0), ctx.arg::<i32>(1) as u8, ctx.arg::<i32>(2) as u8)
 }
 
+/// The change, with the socket's address as a plain number: the verifier
+/// types the argument as a pointer to the sock, which it lets no program
+/// shift or mix (the tracked module picks a slot from it), so it is read
+/// again through a helper, which returns plain bytes.
 #[inline(always)]
-fn on_btf_change(sk: u64, old: u8, new: u8, instance: Instance) {
+fn on_btf_change(ctx: &BtfTracePointContext, old: u8, new: u8, instance: Instance) {
+    let Some(sk) = memory::kernel::<u64>(ctx.as_ptr() as u64) else {
+        return;
+    };
     on_change(sk, old, new, instance, || {
         tcp_links::read::<u16>(sk, &SK_PROTOCOL) == Some(IPPROTO_TCP)
     });
@@ -270,7 +277,7 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
         // took the others): no ends to read, no link to touch.
         if new == TCP_FIN_WAIT1 {
             // SAFETY: see the copy below; one u32 store into the value.
-            unsafe { (*p).closer = closer(in_owner, tgid, (*p).owner) };
+            unsafe { (*p.as_ptr()).closer = closer(in_owner, tgid, (*p.as_ptr()).owner) };
         }
         return;
     }
@@ -280,7 +287,7 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
     let mut entry = match tracked {
         // SAFETY: copied out at once (see tracked::get): at worst this one
         // change counts on another watched socket's link.
-        Some(p) => unsafe { *p },
+        Some(p) => unsafe { *p.as_ptr() },
         None => {
             let owner = if in_owner {
                 tgid
@@ -407,7 +414,7 @@ fn connected(sk: u64, instance: Instance) {
         return;
     };
     // SAFETY: see tracked::get; copied out at once.
-    let (owner, destination) = unsafe { ((*p).owner, (*p).destination) };
+    let (owner, destination) = unsafe { ((*p.as_ptr()).owner, (*p.as_ptr()).destination) };
     if destination == 0 {
         return;
     }

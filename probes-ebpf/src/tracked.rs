@@ -3,37 +3,125 @@
 //! at a watched listener, when its handshake completed (the accept probe
 //! takes that for the accept-queue wait). One record per socket, inserted
 //! once and removed when it closes.
+//!
+//! A record lives in the one slot of an array its address picks, a cache
+//! line: following a socket in a hash map cost its bucket's line and its
+//! element's, each a likely miss (another CPU wrote them, or the stack's
+//! own work evicted them between a connection's changes), plus a lock and
+//! a free list for every insert and delete: half of the state probe's time.
+//! A socket whose slot another socket holds goes to the hash map, which
+//! lookups ask only while it holds something.
+//!
+//! Two CPUs may open sockets of one slot at once, and the verifier offers
+//! no compare-and-swap on every kernel we load on, only an atomic add: a
+//! claimer adds 1 to the slot's `claims` and holds the slot if it then reads
+//! 1 (no one else holds or is claiming it), else takes its 1 back. Whoever
+//! reads 1 after its own add is alone, so at most one holds a slot; two
+//! racing claimers may both back off, to the hash map, which is no loss.
 
-use aya_ebpf::{macros::map, maps::HashMap};
+use core::ptr::NonNull;
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap},
+};
 use aya_log_ebpf::debug;
 use probes_common::{
-    sock::{TRACKED_MAX_ENTRIES, TrackedSocket},
+    sock::{TRACKED_MAX_ENTRIES, TRACKED_SLOT_COUNT, TrackedSlot, TrackedSocket},
     stats::Stat,
 };
 
 use crate::events;
+
+#[map]
+static TRACKED_SLOTS: Array<TrackedSlot> = Array::with_max_entries(TRACKED_SLOT_COUNT, 0);
 
 /// A plain hash, not an LRU one: every entry goes when its socket closes,
 /// and an LRU insert rotates its lists under a lock.
 #[map]
 static TRACKED: HashMap<u64, TrackedSocket> = HashMap::with_max_entries(TRACKED_MAX_ENTRIES, 0);
 
-/// The record of the socket at `sk`, if it is followed.
-///
-/// The map is preallocated, so the pointer stays inside the map's memory
-/// for the program's life even if the entry is deleted and its element
-/// reused meanwhile: at worst a read or write lands on another watched
-/// socket's record.
+/// How many sockets [`TRACKED`] holds: while none, a socket not in its slot
+/// is not followed, with no hash lookup to say so.
+#[map]
+static TRACKED_SPILLED: Array<u64> = Array::with_max_entries(1, 0);
+
+const _: () = assert!(TRACKED_SLOT_COUNT.is_power_of_two());
+
+/// The slot of the socket at `sk`. Sockets are slab objects of a few
+/// hundred bytes or more: the address's low bits say little, so it is mixed.
 #[inline(always)]
-pub fn get(sk: u64) -> Option<*mut TrackedSocket> {
-    TRACKED.get_ptr_mut(sk)
+fn slot(sk: u64) -> Option<*mut TrackedSlot> {
+    let index = ((sk >> 6).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        >> (64 - TRACKED_SLOT_COUNT.trailing_zeros())) as u32;
+    TRACKED_SLOTS.get_ptr_mut(index)
+}
+
+#[inline(always)]
+fn spilled() -> *mut u64 {
+    TRACKED_SPILLED
+        .get_ptr_mut(0)
+        .unwrap_or(core::ptr::null_mut())
+}
+
+/// Adds `n` (wrapping: `u64::MAX` takes one away) to the word at `p`,
+/// atomically: other CPUs add to it too.
+#[inline(always)]
+fn add(p: *mut u64, n: u64) {
+    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
+    if !p.is_null() {
+        // SAFETY: a word of a map value, which lives as long as the map,
+        // 8-byte aligned like every map value.
+        unsafe { atomic_xadd::<u64, u64, { Relaxed }>(p, n) };
+    }
+}
+
+/// The record of the socket at `sk`, if it is followed. A `NonNull`: its
+/// `None` is a null pointer, where an `Option` of a raw pointer leaves an
+/// undefined payload that LLVM may spill and the verifier then refuses.
+///
+/// Slots and the hash map are preallocated, so the pointer stays inside a
+/// map's memory for the program's life even if the socket closes and its
+/// place is reused meanwhile: at worst a read or write lands on another
+/// watched socket's record.
+#[inline(always)]
+pub fn get(sk: u64) -> Option<NonNull<TrackedSocket>> {
+    let s = slot(sk)?;
+    // SAFETY: a value of a preallocated array (see above); read whole.
+    unsafe {
+        if (*s).sk == sk {
+            return NonNull::new(&raw mut (*s).socket);
+        }
+    }
+    let spilled = spilled();
+    // SAFETY: as above.
+    if spilled.is_null() || unsafe { core::ptr::read_volatile(spilled) } == 0 {
+        return None;
+    }
+    TRACKED.get_ptr_mut(sk).and_then(NonNull::new)
 }
 
 /// Starts following the socket at `sk` (a failure counted, never silent).
+/// A slot still holding `sk` is a closed socket's whose close went unseen
+/// (the kernel reuses the memory at once): the new socket takes it over.
 #[inline(always)]
 pub fn insert(sk: u64, entry: &TrackedSocket) {
-    if TRACKED.insert(sk, entry, 0).is_err() {
-        // Full: as many watched sockets open at once as the map holds.
+    let Some(s) = slot(sk) else {
+        return;
+    };
+    // SAFETY: a value of a preallocated array; `claims` only ever changes
+    // by atomic adds, and the fields are written only by the slot's holder.
+    unsafe {
+        if (*s).sk == sk || claim(s) {
+            (*s).socket = *entry;
+            (*s).sk = sk;
+            return;
+        }
+    }
+    if TRACKED.insert(sk, entry, 0).is_ok() {
+        add(spilled(), 1);
+    } else {
+        // Full: as many watched sockets open at once as the maps hold.
         events::count(Stat::TrackedInsertFailed);
         debug!(
             &(),
@@ -42,9 +130,46 @@ pub fn insert(sk: u64, entry: &TrackedSocket) {
     }
 }
 
+/// Whether this CPU now holds the free slot at `s`, a slot of the array.
+#[inline(always)]
+fn claim(s: *mut TrackedSlot) -> bool {
+    // SAFETY: `s` is a slot of the array (see `insert`); `claims` is read
+    // whole and changed only by atomic adds.
+    let claims = unsafe { &raw mut (*s).claims };
+    let read = || unsafe { core::ptr::read_volatile(claims) };
+    // A held slot is the common case of a taken one: no atomic for it.
+    if read() != 0 {
+        return false;
+    }
+    add(claims, 1);
+    if read() == 1 {
+        return true;
+    }
+    add(claims, u64::MAX);
+    false
+}
+
 #[inline(always)]
 pub fn remove(sk: u64) {
-    let _ = TRACKED.remove(sk);
+    if let Some(s) = slot(sk) {
+        // SAFETY: see `insert`; the holder frees its slot, sk first, so
+        // that no lookup finds it half reused.
+        unsafe {
+            if (*s).sk == sk {
+                (*s).sk = 0;
+                add(&raw mut (*s).claims, u64::MAX);
+                return;
+            }
+        }
+    }
+    let spilled = spilled();
+    // SAFETY: a word of a one-entry array, read whole.
+    if !spilled.is_null()
+        && unsafe { core::ptr::read_volatile(spilled) } != 0
+        && TRACKED.remove(sk).is_ok()
+    {
+        add(spilled, u64::MAX);
+    }
 }
 
 /// When the socket at `sk` entered its listener's accept queue, if seen;
@@ -57,9 +182,9 @@ pub fn take_established(sk: u64) -> Option<u64> {
 /// The entry's `since_ns` (see [`TrackedSocket::since_ns`]), if set; taken
 /// once.
 #[inline(always)]
-pub fn take_since(entry: *mut TrackedSocket) -> Option<u64> {
+pub fn take_since(entry: NonNull<TrackedSocket>) -> Option<u64> {
     // SAFETY: see `get`; a reused node at worst loses that socket's time,
     // which then reads as not seen.
-    let at = unsafe { core::mem::replace(&mut (*entry).since_ns, 0) };
+    let at = unsafe { core::mem::replace(&mut (*entry.as_ptr()).since_ns, 0) };
     (at != 0).then_some(at)
 }
