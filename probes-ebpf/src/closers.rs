@@ -16,7 +16,7 @@
 //! spanned 7 lines, each a likely miss, for every note and every TIME_WAIT
 //! socket a walk counts.
 
-use aya_ebpf::{macros::map, maps::Array};
+use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
 use probes_common::sock::{Closer, TW_CLOSERS_MAX_ENTRIES};
 
 use crate::clock::now;
@@ -52,8 +52,11 @@ struct Slot {
 
 const _: () = assert!(size_of::<Slot>() == 16);
 
+/// Mappable only for its layout: such an array's values start on a page,
+/// so a set is two whole lines (a plain array's start 16 bytes into one,
+/// and a set then spans three).
 #[map]
-static TW_CLOSERS: Array<Slot> = Array::with_max_entries(TW_CLOSERS_MAX_ENTRIES, 0);
+static TW_CLOSERS: Array<Slot> = Array::with_max_entries(TW_CLOSERS_MAX_ENTRIES, BPF_F_MMAPABLE);
 
 /// One word into a connection's 64-bit hash (a multiplicative mix); the
 /// caller folds the connection's words through it (tcp_links, which knows

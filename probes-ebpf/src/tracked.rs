@@ -22,6 +22,7 @@
 use core::ptr::NonNull;
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     macros::map,
     maps::{Array, HashMap},
 };
@@ -33,8 +34,12 @@ use probes_common::{
 
 use crate::events;
 
+/// Mappable only for its layout: such an array's values start on a page,
+/// so each slot is one whole line (a plain array's start 16 bytes into
+/// one, and each slot then spans two).
 #[map]
-static TRACKED_SLOTS: Array<TrackedSlot> = Array::with_max_entries(TRACKED_SLOT_COUNT, 0);
+static TRACKED_SLOTS: Array<TrackedSlot> =
+    Array::with_max_entries(TRACKED_SLOT_COUNT, BPF_F_MMAPABLE);
 
 /// A plain hash, not an LRU one: every entry goes when its socket closes,
 /// and an LRU insert rotates its lists under a lock.
