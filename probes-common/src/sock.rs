@@ -268,7 +268,14 @@ pub struct TrackedSocket {
     pub closer: u32,
     /// [`SIDE_ACTIVE`] or [`SIDE_PASSIVE`].
     pub side: u8,
-    pub _pad: [u8; 7],
+    pub _pad: u8,
+    /// Passive side: the local port, the listener's (host byte order). An
+    /// active socket's is not yet chosen when it is first seen.
+    pub lport: u16,
+    /// The inode number of the socket's network namespace, kept so that
+    /// its later changes and its accept need not read it again (two
+    /// dependent reads).
+    pub netns: u32,
     /// Passive side: when the connection completed its handshake (entered
     /// its listener's accept queue), taken by its accept. Active side: when
     /// its connect sent the SYN, taken when it is answered. 0: not known,
@@ -280,7 +287,7 @@ pub struct TrackedSocket {
 }
 
 crate::assert_layout!(TrackedSocket, 32, {
-    owner: 0, closer: 4, side: 8, _pad: 9, since_ns: 16, destination: 24,
+    owner: 0, closer: 4, side: 8, _pad: 9, lport: 10, netns: 12, since_ns: 16, destination: 24,
 });
 
 /// One slot of [`TRACKED_SLOTS_MAP`]: a cache line, so that following a

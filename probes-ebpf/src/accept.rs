@@ -172,11 +172,22 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         u64::from(listener),
         end_ns.saturating_sub(start_ns),
     );
-    // Unknown for unix sockets and connections established before attach.
-    if let Some(sk) = sk {
-        tcp_links::accepted(sk, tgid, is_watched);
+    let Some(sk) = sk else {
+        return 0;
+    };
+    // A connection seen arriving at a watched listener is followed, its
+    // listener's port and namespace in its record; unknown for unix
+    // sockets and connections established before attach.
+    let tracked = tracked::get(sk);
+    let arrived = match tracked {
+        // SAFETY: see tracked::get; copied out at once.
+        Some(p) => unsafe { Some(((*p.as_ptr()).lport, (*p.as_ptr()).netns)) },
+        None => tcp_links::port_and_netns(sk),
+    };
+    if let Some((port, netns)) = arrived {
+        tcp_links::accepted(port, netns, tgid, is_watched);
     }
-    if let Some(at) = sk.and_then(tracked::take_established) {
+    if let Some(at) = tracked.and_then(tracked::take_since) {
         hist::record(
             tgid,
             HistMetric::AcceptQueue,

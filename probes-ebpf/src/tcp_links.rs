@@ -235,17 +235,21 @@ pub fn set_listen_owner(netns: u32, port: u16, owner: u32) -> bool {
     recorded
 }
 
-/// Process `tgid` accepted the socket at `sk`: if it arrived at a watched
-/// listener whose owner has not accepted there (or is gone), connections
-/// arriving there are `tgid`'s from now on. A worker then owns what its
-/// master holds; workers of one pool take turns, which changes nothing per
-/// role, and only the first accept writes.
+/// The local port and network namespace of the socket at `sk`, read from
+/// it (for an accepted socket: its listener's).
 #[inline(always)]
-pub fn accepted(sk: u64, tgid: u32, is_watched: impl Fn(u32) -> bool) {
-    let Some(port) = read::<u16>(sk, &SKC_NUM) else {
-        return;
-    };
-    let Some(entry) = LISTEN_OWNERS.get_ptr_mut(listen_key(netns(sk), port)) else {
+pub fn port_and_netns(sk: u64) -> Option<(u16, u32)> {
+    Some((read::<u16>(sk, &SKC_NUM)?, netns(sk)))
+}
+
+/// Process `tgid` accepted a socket that arrived at `port` of namespace
+/// `netns`: if that is a watched listener whose owner has not accepted
+/// there (or is gone), connections arriving there are `tgid`'s from now
+/// on. A worker then owns what its master holds; workers of one pool take
+/// turns, which changes nothing per role, and only the first accept writes.
+#[inline(always)]
+pub fn accepted(port: u16, netns: u32, tgid: u32, is_watched: impl Fn(u32) -> bool) {
+    let Some(entry) = LISTEN_OWNERS.get_ptr_mut(listen_key(netns, port)) else {
         return;
     };
     // SAFETY: a value of a preallocated map, written whole u32 by u32; a

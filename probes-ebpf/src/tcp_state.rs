@@ -281,14 +281,19 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
         }
         return;
     }
-    let Some(mut ends) = tcp_links::read_keyed_ends(sk) else {
+    let Some(mut ends) = tcp_links::read_ends(sk) else {
         return;
     };
     let mut entry = match tracked {
         // SAFETY: copied out at once (see tracked::get): at worst this one
         // change counts on another watched socket's link.
-        Some(p) => unsafe { *p.as_ptr() },
+        Some(p) => {
+            let entry = unsafe { *p.as_ptr() };
+            ends.netns = entry.netns;
+            entry
+        }
         None => {
+            ends.netns = tcp_links::netns(sk);
             let owner = if in_owner {
                 tgid
             } else {
@@ -307,7 +312,9 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
                 owner,
                 closer: 0,
                 side: if passive { SIDE_PASSIVE } else { SIDE_ACTIVE },
-                _pad: [0; 7],
+                _pad: 0,
+                lport: ends.lport,
+                netns: ends.netns,
                 since_ns: 0,
                 destination: 0,
             }
@@ -322,9 +329,13 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
     {
         // The local port is in the link (passive), the 4-tuple or the map
         // of listeners: it is released (skc_num zeroed) before this change
-        // is reported, and inet_sport keeps it.
-        let sport: u16 = tcp_links::read(sk, &INET_SPORT).unwrap_or(0);
-        ends.lport = u16::from_be(sport);
+        // is reported, and inet_sport keeps it; a followed passive
+        // socket's record has it.
+        ends.lport = if tracked.is_some() && entry.side == SIDE_PASSIVE && entry.lport != 0 {
+            entry.lport
+        } else {
+            u16::from_be(tcp_links::read(sk, &INET_SPORT).unwrap_or(0))
+        };
     }
     if listen {
         listener(sk, old, new, entry, &ends, tracked.is_none(), by_owner);

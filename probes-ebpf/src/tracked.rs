@@ -177,13 +177,6 @@ pub fn remove(sk: u64) {
     }
 }
 
-/// When the socket at `sk` entered its listener's accept queue, if seen;
-/// taken once (the accept).
-#[inline(always)]
-pub fn take_established(sk: u64) -> Option<u64> {
-    take_since(get(sk)?)
-}
-
 /// The entry's `since_ns` (see [`TrackedSocket::since_ns`]), if set; taken
 /// once.
 #[inline(always)]
