@@ -530,17 +530,19 @@ fn thousands_of_sockets_held_at_once_are_all_followed_even_when_they_share_a_slo
     s.sync();
     s.collector.observe_sockets().unwrap();
 
-    let limit = libc::rlimit {
-        rlim_cur: n + 256,
-        rlim_max: n + 256,
+    // Room for n sockets and the test's own files.
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
     };
-    let mut old = limit;
     // SAFETY: plain getrlimit/setrlimit calls on structs of the right type.
     unsafe {
         assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
-        if old.rlim_cur < limit.rlim_cur {
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
-        }
+        let limit = libc::rlimit {
+            rlim_cur: old.rlim_cur.max(n + 256),
+            rlim_max: old.rlim_max.max(n + 256),
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
     }
     let addr: std::net::SocketAddr = server.tcp.parse().unwrap();
     let held: Vec<_> = (0..n)
