@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuHashMap, loaded_maps};
+use aya::maps::{HashMap, Map, MapData, PerCpuHashMap, loaded_maps};
 use serde_json::Value;
 use support::*;
 
@@ -39,6 +39,41 @@ impl Drop for PidMax {
     }
 }
 
+/// Slots of the tracked-socket array a socket holds (its address in
+/// them), read through a mapping of the array: one lookup syscall per
+/// slot would take a tenth of a second per look, time the churn loses.
+fn held_slots(data: &MapData) -> usize {
+    use probes_common::sock::{TRACKED_SLOT_COUNT, TrackedSlot};
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let len = TRACKED_SLOT_COUNT as usize * size_of::<TrackedSlot>();
+    // SAFETY: a read-only shared mapping of a BPF_F_MMAPABLE array's fd
+    // at offset 0, no longer than the array (a whole number of pages).
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            data.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED, "mapping TRACKED_SLOTS");
+    // SAFETY: the mapping holds TRACKED_SLOT_COUNT slots, page-aligned; the
+    // kernel may write them meanwhile, and a torn read only miscounts one.
+    let slots = unsafe {
+        std::slice::from_raw_parts(ptr.cast::<TrackedSlot>(), TRACKED_SLOT_COUNT as usize)
+    };
+    let held = slots
+        .iter()
+        // SAFETY: an aligned u64 of the mapping, read whole.
+        .filter(|s| unsafe { std::ptr::read_volatile(&s.sk) } != 0)
+        .count();
+    // SAFETY: unmapping exactly what was mapped above.
+    unsafe { libc::munmap(ptr, len) };
+    held
+}
+
 /// Entries now in each of stackprobe's hash maps (whose size does not
 /// follow pid_max), by name.
 fn map_entries() -> Vec<(String, usize)> {
@@ -49,14 +84,7 @@ fn map_entries() -> Vec<(String, usize)> {
             continue;
         };
         let n = match name.as_str() {
-            // Slots held: a socket's address in them.
-            "TRACKED_SLOTS" => {
-                Array::<_, probes_common::sock::TrackedSlot>::try_from(Map::Array(data)).map(|m| {
-                    m.iter()
-                        .filter(|s| s.as_ref().is_ok_and(|s| s.sk != 0))
-                        .count()
-                })
-            }
+            "TRACKED_SLOTS" => Ok(held_slots(&data)),
             "TRACKED" => {
                 HashMap::<_, u64, probes_common::sock::TrackedSocket>::try_from(Map::HashMap(data))
                     .map(|m| m.keys().count())

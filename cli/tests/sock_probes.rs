@@ -120,6 +120,24 @@ fn link<'a>(s: &'a Session, owner: &str, peer: &str) -> &'a stackprobe::model::l
         })
 }
 
+/// The loopback server's link from 127.0.0.1 clients to its listener at
+/// `tcp`, once `n` of its connections closed (bounded wait).
+fn server_link_closed<'a>(
+    s: &'a mut Session,
+    tcp: &str,
+    n: u64,
+) -> &'a stackprobe::model::links::LinkStats {
+    let server_side = format!("{tcp} ← 127.0.0.1");
+    observe_until(s, |s| {
+        s.collector
+            .table()
+            .links
+            .iter()
+            .any(|(k, st)| k.peer == server_side && st.closes.total == n)
+    });
+    link(s, "stackprobe-loop", &server_side)
+}
+
 #[test]
 fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     let _lock = probe_lock();
@@ -397,18 +415,25 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
     );
 }
 
-#[test]
-fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
-    let _lock = probe_lock();
+/// A loopback server listening with `backlog` that accepts nothing until
+/// told, and a session watching it, its listener known.
+fn watched_listener(backlog: u32) -> (Server, Session) {
     let server = Server::start_args(
         Path::new(LOOPBACK),
-        &["--tcp", "127.0.0.1:0", "--backlog", "2"],
+        &["--tcp", "127.0.0.1:0", "--backlog", &backlog.to_string()],
         None,
     );
     let mut s = Session::start();
     s.collector.probes_mut().watch_pid(server.pid).unwrap();
     s.sync();
     s.collector.observe_sockets().unwrap();
+    (server, s)
+}
+
+#[test]
+fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
+    let _lock = probe_lock();
+    let (server, mut s) = watched_listener(2);
 
     // The server never accepts: the queue fills, then the kernel drops.
     let mut held = Vec::new();
@@ -475,15 +500,7 @@ fn under_connection_churn_no_state_change_is_skipped_and_every_one_counts() {
         assert!(c.wait().unwrap().success());
     }
     server.wait_accepted(n);
-    let server_side = format!("{} ← 127.0.0.1", server.tcp);
-    observe_until(&mut s, |s| {
-        s.collector
-            .table()
-            .links
-            .iter()
-            .any(|(k, st)| k.peer == server_side && st.closes.total == n)
-    });
-    let srv = link(&s, "stackprobe-loop", &server_side);
+    let srv = server_link_closed(&mut s, &server.tcp, n).clone();
     let drops = s.collector.probes().drops().unwrap();
     assert_eq!(
         (srv.opens.total, srv.closes.total, srv.aborts.total),
@@ -520,15 +537,7 @@ fn thousands_of_sockets_held_at_once_are_all_followed_even_when_they_share_a_slo
     // address picks; with n = 3000 of 65536 slots, about 70 find theirs
     // taken and go to the hash map instead.
     let n: u64 = 3000;
-    let server = Server::start_args(
-        Path::new(LOOPBACK),
-        &["--tcp", "127.0.0.1:0", "--backlog", "4096"],
-        None,
-    );
-    let mut s = Session::start();
-    s.collector.probes_mut().watch_pid(server.pid).unwrap();
-    s.sync();
-    s.collector.observe_sockets().unwrap();
+    let (server, mut s) = watched_listener(4096);
 
     // Room for n sockets and the test's own files.
     let mut old = libc::rlimit {
@@ -559,15 +568,7 @@ fn thousands_of_sockets_held_at_once_are_all_followed_even_when_they_share_a_slo
     server.stop();
     // SAFETY: as above.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) };
-    let server_side = format!("{} ← 127.0.0.1", addr);
-    observe_until(&mut s, |s| {
-        s.collector
-            .table()
-            .links
-            .iter()
-            .any(|(k, st)| k.peer == server_side && st.closes.total == n)
-    });
-    let srv = link(&s, "stackprobe-loop", &server_side);
+    let srv = server_link_closed(&mut s, &addr.to_string(), n);
     assert_eq!(
         (srv.opens.total, srv.closes.total, srv.aborts.total),
         (n, n, n),

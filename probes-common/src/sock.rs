@@ -457,7 +457,6 @@ mod user_state {
     unsafe impl aya::Pod for super::IterConfig {}
     unsafe impl aya::Pod for super::TwCount {}
     unsafe impl aya::Pod for super::TrackedSocket {}
-    unsafe impl aya::Pod for super::TrackedSlot {}
     unsafe impl aya::Pod for super::LinkKey {}
     unsafe impl aya::Pod for super::LinkCounts {}
 }
