@@ -20,6 +20,7 @@ mod watch;
 // What the probes share: state that crosses probes (slots, watch_set,
 // tracked sockets), the latency histograms, the ring buffer and counters, and
 // helpers.
+mod atomic;
 mod clock;
 mod closers;
 mod destinations;

@@ -20,7 +20,7 @@ use probes_common::{
 };
 
 use crate::{
-    closers, events,
+    atomic, closers, events,
     memory::{self, Bits},
     offsets::offset_globals,
 };
@@ -296,7 +296,6 @@ pub fn add(key: &LinkKey, delta: LinkCounts) {
 /// on this CPU while the first copy is between its read and its write.
 #[inline(always)]
 fn add_to(counts: *mut LinkCounts, delta: &LinkCounts) {
-    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
     // SAFETY: this CPU's copy of the value, which the map keeps while the
     // key lives (userspace deletes a key only when it has been quiet for a
     // while and its owner is gone), and is 8-byte aligned like every map
@@ -309,9 +308,7 @@ fn add_to(counts: *mut LinkCounts, delta: &LinkCounts) {
             (&raw mut (*counts).new_time_wait, delta.new_time_wait),
         ] {
             if n != 0 {
-                // BPF has an atomic add (core's AtomicU64 offers no
-                // fetch_add on this target).
-                atomic_xadd::<u64, u64, { Relaxed }>(field, n);
+                atomic::add(field, n);
             }
         }
     }

@@ -32,7 +32,7 @@ use probes_common::{
     stats::Stat,
 };
 
-use crate::events;
+use crate::{atomic, events};
 
 /// Mappable only for its layout: such an array's values start on a page,
 /// so each slot is one whole line (a plain array's start 16 bytes into
@@ -62,6 +62,7 @@ fn slot(sk: u64) -> Option<*mut TrackedSlot> {
     TRACKED_SLOTS.get_ptr_mut(index)
 }
 
+/// The count of sockets in [`TRACKED`], null if the array cannot be read.
 #[inline(always)]
 fn spilled() -> *mut u64 {
     TRACKED_SPILLED
@@ -69,15 +70,22 @@ fn spilled() -> *mut u64 {
         .unwrap_or(core::ptr::null_mut())
 }
 
-/// Adds `n` (wrapping: `u64::MAX` takes one away) to the word at `p`,
-/// atomically: other CPUs add to it too.
+/// Whether [`TRACKED`] holds any socket: if not, no hash lookup is needed.
+#[inline(always)]
+fn any_spilled(spilled: *mut u64) -> bool {
+    // SAFETY: a word of a one-entry array, which lives as long as the map,
+    // read whole.
+    !spilled.is_null() && unsafe { core::ptr::read_volatile(spilled) } != 0
+}
+
+/// Adds `n` to the counter at `p` (a slot's claims, or the spill count),
+/// if it could be had.
 #[inline(always)]
 fn add(p: *mut u64, n: u64) {
-    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
     if !p.is_null() {
-        // SAFETY: a word of a map value, which lives as long as the map,
-        // 8-byte aligned like every map value.
-        unsafe { atomic_xadd::<u64, u64, { Relaxed }>(p, n) };
+        // SAFETY: a word of a map value, which lives as long as the map;
+        // every writer of these words adds atomically.
+        unsafe { atomic::add(p, n) };
     }
 }
 
@@ -98,9 +106,7 @@ pub fn get(sk: u64) -> Option<NonNull<TrackedSocket>> {
             return NonNull::new(&raw mut (*s).socket);
         }
     }
-    let spilled = spilled();
-    // SAFETY: as above.
-    if spilled.is_null() || unsafe { core::ptr::read_volatile(spilled) } == 0 {
+    if !any_spilled(spilled()) {
         return None;
     }
     TRACKED.get_ptr_mut(sk).and_then(NonNull::new)
@@ -168,11 +174,7 @@ pub fn remove(sk: u64) {
         }
     }
     let spilled = spilled();
-    // SAFETY: a word of a one-entry array, read whole.
-    if !spilled.is_null()
-        && unsafe { core::ptr::read_volatile(spilled) } != 0
-        && TRACKED.remove(sk).is_ok()
-    {
+    if any_spilled(spilled) && TRACKED.remove(sk).is_ok() {
         add(spilled, u64::MAX);
     }
 }
