@@ -161,6 +161,13 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     s.sync();
     s.collector.observe_sockets().unwrap();
 
+    // A kernel whose TIME_WAIT table is full (a small guest, after the
+    // thousands of connections of earlier tests) makes no timewait socket
+    // for a close, and counts it here: those sockets are not in TIME_WAIT,
+    // for ss nor for stackprobe, though the close went through FIN_WAIT2.
+    let tw_overflows =
+        || stackprobe::procfs::tcp_ext_counters(["TCPTimeWaitOverflow"])[0].unwrap_or(0);
+    let overflows_before = tw_overflows();
     let n = 20;
     server.send(&format!("accept-wait {n} tcp"));
     let out = Command::new(&client)
@@ -191,8 +198,9 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
             .map(|(_, st)| st.closes.total)
             .sum()
     };
+    let in_time_wait = || n - (tw_overflows() - overflows_before).min(n);
     observe_until(&mut s, |s| {
-        link_time_wait(s, Some(client_role), &to_server) == n
+        link_time_wait(s, Some(client_role), &to_server) == in_time_wait()
             && closes(s, client_role, &to_server) == n
             && closes(s, "stackprobe-loop", &server_side) == n
     });
@@ -206,6 +214,7 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
         .lines()
         .filter(|l| l.split_whitespace().nth(3) == Some(server.tcp.as_str()))
         .count() as u64;
+    let in_time_wait = in_time_wait();
     let c = link(&s, client_role, &to_server);
     assert_eq!(
         (
@@ -216,9 +225,10 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
             c.aborts.total,
             ss_count
         ),
-        (n, n, n, n, 0, n),
+        (in_time_wait, n, n, n, 0, in_time_wait),
         "the client's link: TIME_WAIT, new TIME_WAIT, opens, closes, aborts; ss's \
-         TIME_WAIT. Links {:?}; drops {:?}",
+         TIME_WAIT ({} of {n} closes found the TIME_WAIT table full). Links {:?}; drops {:?}",
+        n - in_time_wait,
         s.collector.table().links.iter().collect::<Vec<_>>(),
         s.collector.probes().drops().unwrap()
     );
