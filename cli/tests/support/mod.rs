@@ -154,6 +154,64 @@ impl Drop for Sysctl {
     }
 }
 
+/// The kernel's TCP counters (/proc/net/snmp's `Tcp:` and /proc/net/netstat's
+/// `TcpExt:`), so a failing test can say what the kernel did meanwhile
+/// (retransmits, resets, TIME_WAIT overflows or reuse).
+pub struct TcpCounters(Vec<(String, i64)>);
+
+impl TcpCounters {
+    pub fn now() -> Self {
+        let mut all = Vec::new();
+        for (file, section) in [("/proc/net/snmp", "Tcp:"), ("/proc/net/netstat", "TcpExt:")] {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            let mut lines = text.lines().filter(|l| l.starts_with(section));
+            if let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+                all.extend(
+                    names
+                        .split_whitespace()
+                        .zip(values.split_whitespace())
+                        .skip(1)
+                        .filter_map(|(n, v)| Some((format!("{section}{n}"), v.parse().ok()?))),
+                );
+            }
+        }
+        Self(all)
+    }
+
+    /// The counters that changed since `before`, with by how much.
+    pub fn since(&self, before: &Self) -> Vec<(String, i64)> {
+        self.0
+            .iter()
+            .filter_map(|(name, now)| {
+                let was = before
+                    .0
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or(0, |(_, v)| *v);
+                (*now != was).then(|| (name.clone(), now - was))
+            })
+            .collect()
+    }
+}
+
+/// How many TCP sockets towards `peer` (ip:port) ss lists in each state
+/// (a closed socket waiting for its peer's FIN shows as FIN-WAIT-2).
+pub fn ss_states_towards(peer: &str) -> Vec<(String, usize)> {
+    let out = Command::new("ss").args(["-Htan"]).output().unwrap();
+    let mut states: Vec<(String, usize)> = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if cols.get(4) != Some(&peer) {
+            continue;
+        }
+        match states.iter_mut().find(|(s, _)| s == cols[0]) {
+            Some((_, n)) => *n += 1,
+            None => states.push((cols[0].to_string(), 1)),
+        }
+    }
+    states
+}
+
 /// A scratch directory removed on drop.
 pub struct TempDir(pub PathBuf);
 
