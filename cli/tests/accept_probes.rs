@@ -4,7 +4,6 @@
 mod support;
 
 use std::{
-    os::unix::fs::symlink,
     thread,
     time::{Duration, Instant},
 };
@@ -213,13 +212,11 @@ fn a_child_forked_by_a_watched_process_is_watched() {
 fn a_process_that_execs_into_a_watched_name_is_watched_from_its_first_accept() {
     let _lock = probe_lock();
     let dir = TempDir::new("exec");
-    // The kernel sets comm from the exec'd path's basename, so a symlink gives
-    // the server a name of its own; the second one carries a version suffix.
+    // The server under a name of its own, and that name with a version
+    // suffix.
     let name = format!("splb{}x", std::process::id() % 100_000);
-    let plain = dir.0.join(&name);
-    let versioned = dir.0.join(format!("{name}8.2"));
-    symlink(LOOPBACK, &plain).unwrap();
-    symlink(LOOPBACK, &versioned).unwrap();
+    let plain = dir.loopback_as(&name);
+    let versioned = dir.loopback_as(&format!("{name}8.2"));
     let mut s = Session::start();
     let selector = Selector::new(vec![name.clone()], vec![]).unwrap();
     s.collector

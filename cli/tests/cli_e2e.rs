@@ -5,7 +5,6 @@ mod support;
 
 use std::{
     io::{BufRead, BufReader},
-    os::unix::fs::symlink,
     process::{Command, Output, Stdio},
     thread,
     time::Duration,
@@ -184,8 +183,7 @@ fn waits_for_a_named_process_that_starts_later_and_sigterm_ends_cleanly() {
     require_root();
     let dir = TempDir::new("e2e-wait");
     let name = format!("spwait{}x", std::process::id() % 10_000);
-    let program = dir.0.join(&name);
-    symlink(LOOPBACK, &program).unwrap();
+    let program = dir.loopback_as(&name);
     let mut sp = Running::start(&["watch", &name, "--json", "--interval", "200ms"]);
     sp.wait_stderr("waiting for it");
 

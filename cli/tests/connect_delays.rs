@@ -6,7 +6,6 @@
 mod support;
 
 use std::{
-    os::unix::fs::symlink,
     path::Path,
     time::{Duration, Instant},
 };
@@ -47,8 +46,7 @@ fn connect_latency_is_the_known_delay_of_a_full_listener() {
     let dir = TempDir::new("connect-delay");
     let path = dir.0.join("srv.sock");
     let name = format!("spdelay{}", std::process::id() % 10_000);
-    let program = dir.0.join(&name);
-    symlink(LOOPBACK, &program).unwrap();
+    let program = dir.loopback_as(&name);
     let mut server = Server::start_args(
         Path::new(LOOPBACK),
         &["--tcp", "127.0.0.1:0", "--backlog", "0"],

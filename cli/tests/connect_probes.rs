@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::{os::unix::fs::symlink, time::Duration};
+use std::time::Duration;
 
 use serde_json::Value;
 use support::*;
@@ -39,8 +39,7 @@ fn connects_are_counted_per_destination_with_refused_and_failed() {
     let dir = TempDir::new("connects");
     let path = dir.0.join("srv.sock");
     let name = format!("spconn{}", std::process::id() % 10_000);
-    let program = dir.0.join(&name);
-    symlink(LOOPBACK, &program).unwrap();
+    let program = dir.loopback_as(&name);
     let mut server = Server::start(Some(&path));
     // A port nobody listens on: bound, then closed.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

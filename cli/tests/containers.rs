@@ -312,8 +312,7 @@ fn a_container_selected_by_its_cgroup_is_named_and_what_starts_there_later_is_wa
     outside.accept_queued(3, false, "accept4");
     // Started in the container after stackprobe: watched from its exec.
     let dir = TempDir::new("later");
-    let later_bin = dir.0.join("sp-later");
-    std::os::unix::fs::symlink(LOOPBACK, &later_bin).unwrap();
+    let later_bin = dir.loopback_as("sp-later");
     let mut later =
         Server::start_command(cg.command(later_bin.to_str().unwrap(), &["serve"]), None);
     later.accept_queued(4, false, "accept4");

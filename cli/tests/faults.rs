@@ -7,7 +7,6 @@ mod support;
 
 use std::{
     fs,
-    os::unix::fs::symlink,
     process::{Command, Stdio},
     thread,
     time::Duration,
@@ -188,8 +187,7 @@ fn a_watched_server_that_restarts_is_followed_and_its_first_run_is_reported_exit
     require_root();
     let dir = TempDir::new("restart");
     let name = format!("sprest{}x", std::process::id() % 10_000);
-    let program = dir.0.join(&name);
-    symlink(LOOPBACK, &program).unwrap();
+    let program = dir.loopback_as(&name);
     let mut first = Server::start_as(&program, None);
     let mut sp = Running::start(&["watch", name.as_str(), "--json", "--interval", "200ms"]);
     sp.wait_stderr("probes attached");

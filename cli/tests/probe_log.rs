@@ -3,10 +3,7 @@
 
 mod support;
 
-use std::{
-    os::unix::fs::symlink,
-    process::{Command, Stdio},
-};
+use std::process::{Command, Stdio};
 
 use stackprobe::probes::{Options, privileges};
 use support::*;
@@ -31,11 +28,7 @@ fn capabilities(pid: u32) -> Vec<(String, u64)> {
 /// kernel watches it from its exec, and so sees it listen.
 fn start_named_server(sp: &mut Running, dir: &TempDir, name: &str) -> Server {
     sp.wait_stderr("probes attached");
-    let program = dir.0.join(name);
-    if !program.exists() {
-        symlink(LOOPBACK, &program).unwrap();
-    }
-    Server::start_as(&program, None)
+    Server::start_as(&dir.loopback_as(name), None)
 }
 
 #[test]

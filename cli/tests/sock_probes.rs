@@ -143,8 +143,7 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     let _lock = probe_lock();
     let dir = TempDir::new("tw-client");
     let name = format!("sptw{}c", std::process::id() % 100_000);
-    let client = dir.0.join(&name);
-    std::os::unix::fs::symlink(LOOPBACK, &client).unwrap();
+    let client = dir.loopback_as(&name);
     // A connect may take over a TIME_WAIT socket towards the same server
     // (loopback reuse, once a second has passed since its last segment,
     // which a slow guest's 20 connects take): ss then counts fewer than
@@ -297,10 +296,8 @@ fn connections_belong_to_the_process_that_accepts_them_not_the_listeners_holder(
     // Two watched processes with names of their own: the server that
     // accepts, and one the kernel is first told holds its listener (as a
     // master that accepts nothing would).
-    let acceptor_bin = dir.0.join("sp-acceptor");
-    let holder_bin = dir.0.join("sp-holder");
-    std::os::unix::fs::symlink(LOOPBACK, &acceptor_bin).unwrap();
-    std::os::unix::fs::symlink(LOOPBACK, &holder_bin).unwrap();
+    let acceptor_bin = dir.loopback_as("sp-acceptor");
+    let holder_bin = dir.loopback_as("sp-holder");
     let mut server = Server::start_as(&acceptor_bin, None);
     let holder = Server::start_as(&holder_bin, None);
     let mut s = Session::start();

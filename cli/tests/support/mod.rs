@@ -223,6 +223,17 @@ impl TempDir {
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }
+
+    /// The loopback binary as `name` in this directory (a link, made once):
+    /// the kernel names a process after the file it execs, so a process
+    /// started from it has a name of its own.
+    pub fn loopback_as(&self, name: &str) -> PathBuf {
+        let program = self.0.join(name);
+        if !program.exists() {
+            std::os::unix::fs::symlink(LOOPBACK, &program).unwrap();
+        }
+        program
+    }
 }
 
 impl Drop for TempDir {
