@@ -189,20 +189,27 @@ pub fn tcp_ext_counters<const N: usize>(names: [&str; N]) -> [Option<u64>; N] {
 
 fn parse_netstat<const N: usize>(text: &str, section: &str, names: [&str; N]) -> [Option<u64>; N] {
     let mut out = [None; N];
-    let mut lines = text.lines().filter(|l| l.starts_with(section));
-    let (Some(header), Some(values)) = (lines.next(), lines.next()) else {
-        return out;
-    };
-    for (name, value) in header
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .skip(1)
-    {
+    for (name, value) in net_section(text, section) {
         if let Some(i) = names.iter().position(|n| *n == name) {
             out[i] = value.parse().ok();
         }
     }
     out
+}
+
+/// The (name, value) pairs of one section (`Tcp:`, `TcpExt:`…) of
+/// /proc/net/snmp or /proc/net/netstat's text: a line of names, then one of
+/// values, each starting with the section's name. Empty if it is missing.
+pub fn net_section<'a>(text: &'a str, section: &str) -> Vec<(&'a str, &'a str)> {
+    let mut lines = text.lines().filter(|l| l.starts_with(section));
+    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+        return Vec::new();
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .skip(1)
+        .collect()
 }
 
 /// `net.ipv4.ip_local_port_range`: the ephemeral ports connections use.

@@ -166,11 +166,9 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
 
     // A kernel whose TIME_WAIT table is full (a small guest, after the
     // thousands of connections of earlier tests) makes no timewait socket
-    // for a close, and counts it here: those sockets are not in TIME_WAIT,
-    // for ss nor for stackprobe, though the close went through FIN_WAIT2.
-    let tw_overflows =
-        || stackprobe::procfs::tcp_ext_counters(["TCPTimeWaitOverflow"])[0].unwrap_or(0);
-    let overflows_before = tw_overflows();
+    // for a close, and counts it (TCPTimeWaitOverflow, among the counters
+    // taken here): those sockets are not in TIME_WAIT, for ss nor for
+    // stackprobe, though the close went through FIN_WAIT2.
     let counters_before = TcpCounters::now();
     let n = 20;
     server.send(&format!("accept-wait {n} tcp"));
@@ -202,7 +200,11 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
             .map(|(_, st)| st.closes.total)
             .sum()
     };
-    let in_time_wait = || n - (tw_overflows() - overflows_before).min(n);
+    let in_time_wait = || {
+        let overflows =
+            TcpCounters::now().gained(&counters_before, "TcpExt:TCPTimeWaitOverflow") as u64;
+        n - overflows.min(n)
+    };
     observe_until(&mut s, |s| {
         link_time_wait(s, Some(client_role), &to_server) == in_time_wait()
             && closes(s, client_role, &to_server) == n

@@ -164,18 +164,20 @@ impl TcpCounters {
         let mut all = Vec::new();
         for (file, section) in [("/proc/net/snmp", "Tcp:"), ("/proc/net/netstat", "TcpExt:")] {
             let text = std::fs::read_to_string(file).unwrap_or_default();
-            let mut lines = text.lines().filter(|l| l.starts_with(section));
-            if let (Some(names), Some(values)) = (lines.next(), lines.next()) {
-                all.extend(
-                    names
-                        .split_whitespace()
-                        .zip(values.split_whitespace())
-                        .skip(1)
-                        .filter_map(|(n, v)| Some((format!("{section}{n}"), v.parse().ok()?))),
-                );
-            }
+            all.extend(
+                procfs::net_section(&text, section)
+                    .into_iter()
+                    .filter_map(|(n, v)| Some((format!("{section}{n}"), v.parse().ok()?))),
+            );
         }
         Self(all)
+    }
+
+    /// How much the counter `name` (`TcpExt:TCPTimeWaitOverflow`) gained
+    /// since `before`.
+    pub fn gained(&self, before: &Self, name: &str) -> i64 {
+        let value = |c: &Self| c.0.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
+        value(self) - value(before)
     }
 
     /// The counters that changed since `before`, with by how much.
