@@ -1,13 +1,18 @@
 //! What userspace does each interval, since accept and fork samples stay in
 //! the kernel's histograms: merge what every histogram gained (and the few
 //! lifecycle events the ring carries) into the process table, then build the
-//! interval's report and render it. Run:
+//! interval's report and render it; and read the watch set. Run:
 //! `cargo bench -p stackprobe --bench hot_path`.
 //!
 //! The map and /proc reads around the merge need root and a loaded probe;
 //! what is measured is everything userspace computes on their results.
 
-use std::{collections::HashMap, hint::black_box, time::Duration};
+use std::{
+    collections::HashMap,
+    hint::black_box,
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
 
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use probes_common::{
@@ -344,5 +349,27 @@ fn report(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, drain, report);
+/// The watch set is read each interval, and is as long as pid_max: 4M
+/// bytes where systemd sets it, with a few watched pids scattered through.
+fn watch_set(c: &mut Criterion) {
+    const PID_MAX: usize = 1 << 22;
+    let words: Vec<AtomicU64> = (0..PID_MAX / 8).map(|_| AtomicU64::new(0)).collect();
+    let watched: Vec<u32> = (0..20).map(|i| 300 + i * 209_711).collect();
+    for &pid in &watched {
+        words[pid as usize / 8].fetch_or(1 << (8 * (pid % 8)), Ordering::Relaxed);
+    }
+    let found = stackprobe::probes::watch::set_bytes(&words);
+    assert_eq!(
+        found.iter().map(|&(pid, _)| pid).collect::<Vec<_>>(),
+        watched
+    );
+    let mut group = c.benchmark_group("watch_set");
+    group.throughput(Throughput::Bytes(PID_MAX as u64));
+    group.bench_function("pid_max_4194304", |b| {
+        b.iter(|| black_box(stackprobe::probes::watch::set_bytes(black_box(&words))));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, drain, report, watch_set);
 criterion_main!(benches);
