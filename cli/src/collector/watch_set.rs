@@ -25,6 +25,11 @@ use crate::{
 pub struct WatchSet {
     /// Watched pids already read from /proc, with what was read.
     known: HashMap<u32, Known>,
+    /// Watched pids that are threads (the kernel watches every task a
+    /// watched process starts): read once, then passed over while watched.
+    /// Read again each interval, 200 threads cost an idle stackprobe
+    /// 8.7 ms of CPU a second.
+    threads: HashSet<u32>,
     scanned: bool,
     containers: Containers,
 }
@@ -59,6 +64,7 @@ impl WatchSet {
         let watched: Vec<u32> = probes.watched().into_iter().map(|(pid, _)| pid).collect();
         let current: HashSet<u32> = watched.iter().copied().collect();
         self.known.retain(|pid, _| current.contains(pid));
+        self.threads.retain(|pid| current.contains(pid));
         let mut live = Vec::with_capacity(watched.len());
         for pid in watched {
             let known = match self.known.entry(pid) {
@@ -85,11 +91,19 @@ impl WatchSet {
                             .and_then(|_| procfs::ns_pid(pid)),
                     })
                 }
+                Entry::Vacant(_) if self.threads.contains(&pid) => continue,
                 // Else the one time its /proc entry is read.
                 Entry::Vacant(slot) => {
-                    let Some(p) = procfs::read(pid).filter(|p| p.is_process() && !p.zombie) else {
+                    let Some(p) = procfs::read(pid) else {
                         continue;
                     };
+                    if !p.is_process() {
+                        self.threads.insert(pid);
+                        continue;
+                    }
+                    if p.zombie {
+                        continue;
+                    }
                     slot.insert(Known {
                         parent: procfs::comm(p.ppid).map(|name| (p.ppid, name)),
                         name: p.comm,
