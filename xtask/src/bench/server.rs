@@ -1,12 +1,15 @@
 //! Sections 2 and 5: the lab's requests/s with nothing attached, with empty
 //! programs on stackprobe's hooks (the floor), under bpftrace measuring the
-//! same things as stackprobe, and under stackprobe, interleaved round by
-//! round; and what each spends per request (BPF programs plus its own
-//! userspace CPU).
+//! same things as stackprobe, under stackprobe's `watch` and under its
+//! `agent` (the service), interleaved round by round; and what each spends
+//! per request (BPF programs plus its own userspace CPU).
 
-use std::time::Instant;
+use std::{
+    io::{Read as _, Write as _},
+    time::Instant,
+};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 
 use super::{
     BpfStats, Scale, floor,
@@ -18,6 +21,32 @@ use crate::lab::{self, LoadArgs, Page as LabPage};
 const STACKPROBE_ARGS: [&str; 6] = [
     "watch", "nginx", "php-fpm", "postgres", "--no-tui", "--json",
 ];
+
+/// stackprobe as its service runs it (dist/systemd's defaults: metrics
+/// brought up to date every 15 s), on a port of the bench's choosing.
+const AGENT_ARGS: [&str; 4] = ["agent", "nginx", "php-fpm", "postgres"];
+
+/// A loopback address no one listens on now, for the agent's metrics.
+fn free_loopback_addr() -> Result<String> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .to_string())
+}
+
+/// The agent's `stackprobe_dropped_events_total`, as of its last update.
+fn scraped_drops(addr: &str) -> Result<u64> {
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("stackprobe_dropped_events_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no stackprobe_dropped_events_total at http://{addr}/metrics"))
+}
 
 /// bpftrace measuring what stackprobe measures on the lab: accept, clone
 /// and connect latency per process name (connect: the syscall, as
@@ -48,11 +77,15 @@ struct Scripts {
 
 fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     let before = program_ids()?;
+    let metrics = free_loopback_addr()?;
     let tracer = match config {
         Config::None => None,
         Config::Floor => Some(Tracer::bpftrace(&scripts.floor)?),
         Config::Bpftrace => Some(Tracer::bpftrace(&scripts.bpftrace)?),
         Config::Stackprobe => Some(Tracer::stackprobe(&STACKPROBE_ARGS)?),
+        Config::Agent => Some(Tracer::stackprobe(
+            &[&AGENT_ARGS[..], &["--listen", &metrics]].concat(),
+        )?),
     };
     let cpu = || tracer.as_ref().map(Tracer::cpu_s).transpose();
     let cpu_before = cpu()?.unwrap_or(0.0);
@@ -73,7 +106,10 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     // for two cores), reported beside the throughput.
     let mut drops = 0;
     if let Some(tracer) = tracer {
-        if config != Config::Stackprobe {
+        if config == Config::Agent {
+            drops = scraped_drops(&metrics)?;
+            tracer.end()?;
+        } else if config != Config::Stackprobe {
             tracer.end()?;
         } else {
             let lines = tracer.stop()?;
@@ -128,8 +164,11 @@ pub fn run(scale: &Scale) -> Result<String> {
          (2 threads, 8 connections), interleaved round by round: with nothing attached; with the \
          floor; under a bpftrace script measuring the same things as stackprobe (accept, clone and \
          connect latency histograms per process name, TCP connects' handshake latency, TCP state \
-         transitions, postgres exits); and under \
-         `stackprobe watch nginx php-fpm postgres`.\n\n\
+         transitions, postgres exits); under \
+         `stackprobe watch nginx php-fpm postgres` (a report each second); and under \
+         `stackprobe agent nginx php-fpm postgres`, as the service runs it (Prometheus metrics \
+         brought up to date every 15 s; its drops as of its last update). The targets are \
+         `watch`'s.\n\n\
          The floor is bpftrace running an empty program on each hook stackprobe attached on this \
          kernel (its report's hooks, checked against the perf-event links the kernel \
          lists for its process): {}. It is what these hooks cost this kernel whatever a tracer does in them, \
