@@ -423,7 +423,8 @@ fn wait_for_page(port: u16, page: &str) -> Result<String> {
     }
 }
 
-fn http_get(port: u16, page: &str) -> Result<String> {
+/// The body of `page` at 127.0.0.1:`port`, if it answers 200.
+pub fn http_get(port: u16, page: &str) -> Result<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(s, "GET {page} HTTP/1.0\r\nHost: lab\r\n\r\n")?;

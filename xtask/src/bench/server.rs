@@ -4,10 +4,7 @@
 //! `agent` (the service), interleaved round by round; and what each spends
 //! per request (BPF programs plus its own userspace CPU).
 
-use std::{
-    io::{Read as _, Write as _},
-    time::Instant,
-};
+use std::time::Instant;
 
 use anyhow::{Context as _, Result, ensure};
 
@@ -26,26 +23,20 @@ const STACKPROBE_ARGS: [&str; 6] = [
 /// brought up to date every 15 s), on a port of the bench's choosing.
 const AGENT_ARGS: [&str; 4] = ["agent", "nginx", "php-fpm", "postgres"];
 
-/// A loopback address no one listens on now, for the agent's metrics.
-fn free_loopback_addr() -> Result<String> {
+/// A loopback port no one listens on now, for the agent's metrics.
+fn free_loopback_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
-        .to_string())
+        .port())
 }
 
 /// The agent's `stackprobe_dropped_events_total`, as of its last update.
-fn scraped_drops(addr: &str) -> Result<u64> {
-    let mut stream = std::net::TcpStream::connect(addr)?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body)?;
-    body.lines()
+fn scraped_drops(port: u16) -> Result<u64> {
+    lab::http_get(port, "/metrics")?
+        .lines()
         .find_map(|l| l.strip_prefix("stackprobe_dropped_events_total "))
         .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no stackprobe_dropped_events_total at http://{addr}/metrics"))
+        .with_context(|| format!("no stackprobe_dropped_events_total at 127.0.0.1:{port}/metrics"))
 }
 
 /// bpftrace measuring what stackprobe measures on the lab: accept, clone
@@ -77,15 +68,22 @@ struct Scripts {
 
 fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     let before = program_ids()?;
-    let metrics = free_loopback_addr()?;
+    // The agent's metrics port.
+    let metrics = (config == Config::Agent)
+        .then(free_loopback_port)
+        .transpose()?;
     let tracer = match config {
         Config::None => None,
         Config::Floor => Some(Tracer::bpftrace(&scripts.floor)?),
         Config::Bpftrace => Some(Tracer::bpftrace(&scripts.bpftrace)?),
         Config::Stackprobe => Some(Tracer::stackprobe(&STACKPROBE_ARGS)?),
-        Config::Agent => Some(Tracer::stackprobe(
-            &[&AGENT_ARGS[..], &["--listen", &metrics]].concat(),
-        )?),
+        Config::Agent => {
+            let port = metrics.context("the agent's metrics port")?;
+            let listen = format!("127.0.0.1:{port}");
+            Some(Tracer::stackprobe(
+                &[&AGENT_ARGS[..], &["--listen", &listen]].concat(),
+            )?)
+        }
     };
     let cpu = || tracer.as_ref().map(Tracer::cpu_s).transpose();
     let cpu_before = cpu()?.unwrap_or(0.0);
@@ -106,8 +104,8 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     // for two cores), reported beside the throughput.
     let mut drops = 0;
     if let Some(tracer) = tracer {
-        if config == Config::Agent {
-            drops = scraped_drops(&metrics)?;
+        if let Some(port) = metrics {
+            drops = scraped_drops(port)?;
             tracer.end()?;
         } else if config != Config::Stackprobe {
             tracer.end()?;
