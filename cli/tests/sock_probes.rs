@@ -200,28 +200,22 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
             .map(|(_, st)| st.closes.total)
             .sum()
     };
-    let in_time_wait = || {
-        let overflows =
-            TcpCounters::now().gained(&counters_before, "TcpExt:TCPTimeWaitOverflow") as u64;
+    let in_time_wait = |now: &TcpCounters| {
+        let overflows = now.gained(&counters_before, "TcpExt:TCPTimeWaitOverflow") as u64;
         n - overflows.min(n)
     };
     observe_until(&mut s, |s| {
-        link_time_wait(s, Some(client_role), &to_server) == in_time_wait()
+        link_time_wait(s, Some(client_role), &to_server) == in_time_wait(&TcpCounters::now())
             && closes(s, client_role, &to_server) == n
             && closes(s, "stackprobe-loop", &server_side) == n
     });
 
     // What ss counts for that port pair: every TIME_WAIT socket towards the server.
-    let ss = Command::new("ss")
-        .args(["-Htan", "state", "time-wait"])
-        .output()
-        .unwrap();
-    let ss_count = String::from_utf8_lossy(&ss.stdout)
-        .lines()
-        .filter(|l| l.split_whitespace().nth(3) == Some(server.tcp.as_str()))
-        .count() as u64;
-    let in_time_wait = in_time_wait();
-    let counters = TcpCounters::now().since(&counters_before);
+    let ss_states = ss_states_towards(&server.tcp);
+    let ss_count = ss_states.get("TIME-WAIT").copied().unwrap_or(0) as u64;
+    let counters_after = TcpCounters::now();
+    let in_time_wait = in_time_wait(&counters_after);
+    let counters = counters_after.since(&counters_before);
     eprintln!("TCP counters during the test: {counters:?}");
     let c = link(&s, client_role, &to_server);
     assert_eq!(
@@ -240,7 +234,7 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
         n - in_time_wait,
         s.collector.table().links.iter().collect::<Vec<_>>(),
         s.collector.probes().drops().unwrap(),
-        ss_states_towards(&server.tcp),
+        ss_states,
         counters
     );
     assert_eq!(

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader, Lines, Read, Write},
     net::TcpStream,
     os::unix::net::UnixStream,
@@ -173,11 +174,17 @@ impl TcpCounters {
         Self(all)
     }
 
-    /// How much the counter `name` (`TcpExt:TCPTimeWaitOverflow`) gained
-    /// since `before`.
+    /// The counter `name` (`TcpExt:TCPTimeWaitOverflow`), 0 if absent.
+    fn value(&self, name: &str) -> i64 {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    }
+
+    /// How much the counter `name` gained since `before`.
     pub fn gained(&self, before: &Self, name: &str) -> i64 {
-        let value = |c: &Self| c.0.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v);
-        value(self) - value(before)
+        self.value(name) - before.value(name)
     }
 
     /// The counters that changed since `before`, with by how much.
@@ -185,30 +192,23 @@ impl TcpCounters {
         self.0
             .iter()
             .filter_map(|(name, now)| {
-                let was = before
-                    .0
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map_or(0, |(_, v)| *v);
-                (*now != was).then(|| (name.clone(), now - was))
+                let gained = now - before.value(name);
+                (gained != 0).then(|| (name.clone(), gained))
             })
             .collect()
     }
 }
 
 /// How many TCP sockets towards `peer` (ip:port) ss lists in each state
-/// (a closed socket waiting for its peer's FIN shows as FIN-WAIT-2).
-pub fn ss_states_towards(peer: &str) -> Vec<(String, usize)> {
+/// (`TIME-WAIT`, `FIN-WAIT-2`…), from one listing.
+pub fn ss_states_towards(peer: &str) -> BTreeMap<String, usize> {
     let out = Command::new("ss").args(["-Htan"]).output().unwrap();
-    let mut states: Vec<(String, usize)> = Vec::new();
+    assert!(out.status.success(), "{out:?}");
+    let mut states = BTreeMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let cols: Vec<&str> = line.split_whitespace().collect();
-        if cols.get(4) != Some(&peer) {
-            continue;
-        }
-        match states.iter_mut().find(|(s, _)| s == cols[0]) {
-            Some((_, n)) => *n += 1,
-            None => states.push((cols[0].to_string(), 1)),
+        if cols.get(4) == Some(&peer) {
+            *states.entry(cols[0].to_string()).or_default() += 1;
         }
     }
     states
