@@ -110,8 +110,11 @@ fn slot(i: u32) -> Option<*mut Slot> {
 pub fn note(hash: u64, closer: Closer) -> bool {
     let first = set(hash);
     let now = stamp(now());
-    // The slot to write and the age of the note it holds (0: none).
-    let mut take: Option<(*mut Slot, u32)> = None;
+    // The slot to write (null: none yet) and the age of the note it holds
+    // (0: none). Not an Option of a pair: LLVM may read its undefined age
+    // while it is None, which 5.10's verifier refuses.
+    let mut take: *mut Slot = core::ptr::null_mut();
+    let mut take_age: u32 = 0;
     let mut visit = |way: u32| -> bool {
         let Some(s) = slot(first + way) else {
             return false;
@@ -127,12 +130,14 @@ pub fn note(hash: u64, closer: Closer) -> bool {
         // ends either (a note goes to the first slot not live, and written
         // slots stay written).
         if stamp == 0 || same_ends(tag, hash) {
-            take = Some((s, 0));
+            take = s;
+            take_age = 0;
             return true;
         }
         let age = age(stamp, now);
-        if take.is_none_or(|(_, oldest)| age > oldest) {
-            take = Some((s, age));
+        if take.is_null() || age > take_age {
+            take = s;
+            take_age = age;
         }
         false
     };
@@ -146,18 +151,18 @@ pub fn note(hash: u64, closer: Closer) -> bool {
         || visit(5)
         || visit(6)
         || visit(7);
-    let Some((s, replaced_age)) = take else {
+    if take.is_null() {
         return false;
-    };
+    }
     // SAFETY: as above.
     unsafe {
-        *s = Slot {
+        *take = Slot {
             tag: (hash & !SIDE_BITS) | u64::from(closer.side) & SIDE_BITS,
             stamp: now,
             owner: closer.owner,
         };
     }
-    replaced_age == 0 || replaced_age > LIFETIME_UNITS
+    take_age == 0 || take_age > LIFETIME_UNITS
 }
 
 /// Who closed the socket with these ends first, if noted within a
