@@ -99,6 +99,110 @@ pub fn read_ends(sk: u64) -> Option<Ends> {
     })
 }
 
+/// A socket the state probe reads. Its `struct sock` members come through
+/// the kernel's fault-handling copy helper for a socket known by address
+/// ([`SockAt`]), and as plain loads through a pointer the verifier knows
+/// for a `struct sock` ([`SockBtf`], a tp_btf argument): a helper call
+/// saved per member (its offsets are load-time constants, which the
+/// verifier checks against the kernel's BTF).
+pub trait Sock: Copy {
+    /// The member of `struct sock` at `offset`.
+    fn member<T: Bits>(self, offset: &Global<u32>) -> Option<T>;
+    /// Its ends, without the network namespace.
+    fn ends(self) -> Option<Ends>;
+    /// The inode number of its network namespace (0 if unreadable).
+    fn netns(self) -> u32;
+}
+
+/// A socket by address.
+#[derive(Clone, Copy)]
+pub struct SockAt(pub u64);
+
+impl Sock for SockAt {
+    #[inline(always)]
+    fn member<T: Bits>(self, offset: &Global<u32>) -> Option<T> {
+        read(self.0, offset)
+    }
+
+    #[inline(always)]
+    fn ends(self) -> Option<Ends> {
+        read_ends(self.0)
+    }
+
+    #[inline(always)]
+    fn netns(self) -> u32 {
+        netns(self.0)
+    }
+}
+
+/// A socket through a pointer the verifier types as a `struct sock`. A
+/// load through it that faults reads 0, as a failed copy would.
+#[derive(Clone, Copy)]
+pub struct SockBtf(pub *const u8);
+
+impl SockBtf {
+    #[inline(always)]
+    fn load<T: Bits>(self, offset: &Global<u32>) -> T {
+        // SAFETY: the verifier allows the load only at a member of
+        // `struct sock` of T's size or inside one, and the JIT makes a
+        // faulting one read 0; T: Bits, so any bytes are a valid T.
+        unsafe { core::ptr::read_volatile(self.0.add(offset.load() as usize).cast::<T>()) }
+    }
+
+    /// An IPv6 address, as two loads of its halves.
+    #[inline(always)]
+    fn v6(self, offset: &Global<u32>) -> [u8; 16] {
+        let first = self.load::<u64>(offset);
+        // SAFETY: as in `load`, 8 bytes on, inside the same 16-byte member.
+        let second = unsafe {
+            core::ptr::read_volatile(self.0.add(offset.load() as usize + 8).cast::<u64>())
+        };
+        // SAFETY: [u64; 2] and [u8; 16] have the same size, and any bytes
+        // are valid u8s.
+        unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>([first, second]) }
+    }
+}
+
+impl Sock for SockBtf {
+    #[inline(always)]
+    fn member<T: Bits>(self, offset: &Global<u32>) -> Option<T> {
+        Some(self.load(offset))
+    }
+
+    #[inline(always)]
+    fn ends(self) -> Option<Ends> {
+        let family = self.load::<u16>(&SKC_FAMILY);
+        let (laddr, raddr) = if family == AF_INET6 {
+            (self.v6(&SKC_V6_RCV_SADDR), self.v6(&SKC_V6_DADDR))
+        } else {
+            (
+                v4(self.load::<u32>(&SKC_RCV_SADDR).to_ne_bytes()),
+                v4(self.load::<u32>(&SKC_DADDR).to_ne_bytes()),
+            )
+        };
+        Some(Ends {
+            family,
+            state: self.load(&SKC_STATE),
+            lport: self.load(&SKC_NUM),
+            rport_be: self.load(&SKC_DPORT),
+            laddr,
+            raddr,
+            netns: 0,
+        })
+    }
+
+    #[inline(always)]
+    fn netns(self) -> u32 {
+        let net = self.load::<u64>(&SKC_NET) as *const u8;
+        if net.is_null() {
+            return 0;
+        }
+        // SAFETY: `net` is the socket's `struct net` pointer, which the
+        // verifier types as one: as in `load`.
+        unsafe { core::ptr::read_volatile(net.add(NET_INUM.load() as usize).cast::<u32>()) }
+    }
+}
+
 /// The ends of the socket at `sk` with its network namespace: what keys
 /// it ([`read_ends`], then [`netns`]).
 #[inline(always)]

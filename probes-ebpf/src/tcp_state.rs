@@ -32,7 +32,7 @@ use crate::{
     destinations, events, hist, memory,
     offsets::offset_globals,
     slots,
-    tcp_links::{self, Ends},
+    tcp_links::{self, Ends, Sock, SockAt, SockBtf},
     tracked,
     watch_set::is_watched,
 };
@@ -104,6 +104,7 @@ static STATE_BTF_TAKEN: PerCpuArray<Taken> = PerCpuArray::with_max_entries(1, 0)
 #[btf_tracepoint(function = "inet_sock_set_state")]
 pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
     let (sk, old, new) = btf_args(&ctx);
+    let mut address = None;
     if let Some(t) = STATE_BTF_TAKEN.get_ptr_mut(0) {
         // SAFETY: this CPU's value of a one-entry array, which lives as
         // long as the map; this program does not nest on a CPU, and the
@@ -113,11 +114,14 @@ pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
             let i = (*t).next as usize % TAKEN;
             if let Some(slot) = (*t).changes.get_mut(i) {
                 *slot = change(sk, old, new);
+                // Read back from the map, the verifier's pointer is a plain
+                // number (see `on_btf_change`), without a helper call.
+                address = Some(core::ptr::read_volatile(&raw const slot.sk));
             }
             (*t).next = (*t).next.wrapping_add(1);
         }
     }
-    on_btf_change(&ctx, old, new, Instance::First);
+    on_btf_change(&ctx, address, old, new, Instance::First);
     0
 }
 
@@ -173,7 +177,7 @@ pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     events::count(Stat::TcpStateNested);
-    on_btf_change(&ctx, old, new, Instance::Nested);
+    on_btf_change(&ctx, None, old, new, Instance::Nested);
     0
 }
 
@@ -195,14 +199,22 @@ fn btf_args(ctx: &BtfTracePointContext) -> (u64, u8, u8) {
 /// The change, with the socket's address as a plain number: the verifier
 /// types the argument as a pointer to the sock, which it lets no program
 /// shift or mix (the tracked module picks a slot from it), so it is read
-/// again through a helper, which returns plain bytes.
+/// again as plain bytes, through a helper unless `address` has it. The
+/// pointer itself reads the socket's members.
 #[inline(always)]
-fn on_btf_change(ctx: &BtfTracePointContext, old: u8, new: u8, instance: Instance) {
-    let Some(sk) = memory::kernel::<u64>(ctx.as_ptr() as u64) else {
+fn on_btf_change(
+    ctx: &BtfTracePointContext,
+    address: Option<u64>,
+    old: u8,
+    new: u8,
+    instance: Instance,
+) {
+    let Some(sk) = address.or_else(|| memory::kernel::<u64>(ctx.as_ptr() as u64)) else {
         return;
     };
-    on_change(sk, old, new, instance, || {
-        tcp_links::read::<u16>(sk, &SK_PROTOCOL) == Some(IPPROTO_TCP)
+    let sock = SockBtf(ctx.arg(0));
+    on_change(sk, sock, old, new, instance, || {
+        sock.member::<u16>(&SK_PROTOCOL) == Some(IPPROTO_TCP)
     });
 }
 
@@ -218,14 +230,22 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     let old = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_OLDSTATE) as u8;
     let new = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_NEWSTATE) as u8;
     // Classic tracepoints do not nest on a CPU: one copy.
-    on_change(sk, old, new, Instance::First, || true);
+    on_change(sk, SockAt(sk), old, new, Instance::First, || true);
     0
 }
 
-/// One state change of the socket at `sk`; `is_tcp` says whether it is a
-/// TCP socket, asked only of a socket about to be tracked.
+/// One state change of the socket at `sk`, read through `sock`; `is_tcp`
+/// says whether it is a TCP socket, asked only of a socket about to be
+/// tracked.
 #[inline(always)]
-fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce() -> bool) {
+fn on_change(
+    sk: u64,
+    sock: impl Sock,
+    old: u8,
+    new: u8,
+    instance: Instance,
+    is_tcp: impl FnOnce() -> bool,
+) {
     if old == TCP_SYN_SENT && new == TCP_ESTABLISHED {
         connected(sk, instance);
         return;
@@ -281,7 +301,7 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
         }
         return;
     }
-    let Some(mut ends) = tcp_links::read_ends(sk) else {
+    let Some(mut ends) = sock.ends() else {
         return;
     };
     let mut entry = match tracked {
@@ -293,7 +313,7 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
             entry
         }
         None => {
-            ends.netns = tcp_links::netns(sk);
+            ends.netns = sock.netns();
             let owner = if in_owner {
                 tgid
             } else {
@@ -374,7 +394,7 @@ fn on_change(sk: u64, old: u8, new: u8, instance: Instance, is_tcp: impl FnOnce(
             tcp_links::note_closer(&ends, entry.closer, entry.side);
         }
         if old == TCP_SYN_SENT && entry.destination != 0 {
-            let refused = tcp_links::read::<i32>(sk, &SK_ERR) == Some(ECONNREFUSED);
+            let refused = sock.member::<i32>(&SK_ERR) == Some(ECONNREFUSED);
             let metric = if refused {
                 HistMetric::ConnectRefused
             } else {
