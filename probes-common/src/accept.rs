@@ -12,6 +12,12 @@ pub const EXIT_RET_OFFSET_GLOBAL: &str = "ACCEPT_EXIT_RET_OFFSET";
 /// `sys_enter_accept{,4}`.
 pub const ENTER_FD_OFFSET_GLOBAL: &str = "ACCEPT_ENTER_FD_OFFSET";
 
+/// Global set to 1 where the kernel has `bpf_get_current_task_btf` (5.11
+/// and later; its `enum bpf_func_id` value is [`TASK_BTF_HELPER`]): the
+/// walk's steps up to the fd array are then plain loads, not helper calls.
+pub const TASK_BTF_GLOBAL: &str = "ACCEPT_TASK_BTF";
+pub const TASK_BTF_HELPER: &str = "BPF_FUNC_get_current_task_btf";
+
 /// The members walked from the accepted fd to its socket
 /// (current->files->fdt->fd[fd]->private_data->sk), each at the offset in
 /// its global (see [`crate::offsets`]).

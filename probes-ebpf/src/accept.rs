@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, generated},
     macros::{fexit, kretprobe, map, tracepoint},
     maps::Array,
     programs::{FExitContext, RetProbeContext, TracePointContext},
@@ -31,6 +31,12 @@ static ACCEPT_ENTER_FD_OFFSET: Global<u32> = Global::new(16);
 
 probes_common::accept_fd_walk_members!(offset_globals);
 
+// SAFETY: as above. 1 where the kernel has bpf_get_current_task_btf: a
+// read-only global, so the verifier sees it as a constant and never meets
+// the helper on the kernels that lack it.
+#[unsafe(no_mangle)]
+static ACCEPT_TASK_BTF: Global<u32> = Global::new(0);
+
 /// The pointer in the member at `offset` of the struct at `base`.
 #[inline(always)]
 fn deref(base: u64, offset: &Global<u32>) -> Option<u64> {
@@ -40,16 +46,41 @@ fn deref(base: u64, offset: &Global<u32>) -> Option<u64> {
     memory::kernel(base + u64::from(offset.load()))
 }
 
-/// The `struct sock` behind the caller's file descriptor `fd`:
-/// current->files->fdt->fd[fd]->private_data (a struct socket)->sk.
+/// The pointer in the member at `offset` of the struct at `base`, typed by
+/// BTF (see `memory::btf`).
 #[inline(always)]
-fn sock_of_fd(fd: u32) -> Option<u64> {
+fn load_btf(base: *const u8, offset: &Global<u32>) -> Option<*const u8> {
+    if base.is_null() {
+        return None;
+    }
+    Some(memory::btf::<u64>(base, offset) as *const u8)
+}
+
+/// The caller's array of open files, current->files->fdt->fd.
+#[inline(always)]
+fn open_files() -> Option<u64> {
+    if ACCEPT_TASK_BTF.load() != 0 {
+        // SAFETY: the helper takes no arguments and returns the current
+        // task, typed by BTF: the loads below are checked against it.
+        let task = unsafe { generated::bpf_get_current_task_btf() }.cast::<u8>();
+        let files = load_btf(task, &TASK_FILES)?;
+        let fdt = load_btf(files, &FILES_FDT)?;
+        // A pointer to pointers: the verifier types it as a plain number.
+        return load_btf(fdt, &FDTABLE_FD).map(|fds| fds as u64);
+    }
     // SAFETY: the helper takes no arguments; the task's address it returns
     // is only read through `memory::kernel`.
     let task = unsafe { bpf_get_current_task() };
     let files = deref(task, &TASK_FILES)?;
     let fdt = deref(files, &FILES_FDT)?;
-    let fds = deref(fdt, &FDTABLE_FD)?;
+    deref(fdt, &FDTABLE_FD)
+}
+
+/// The `struct sock` behind the caller's file descriptor `fd`:
+/// current->files->fdt->fd[fd]->private_data (a struct socket)->sk.
+#[inline(always)]
+fn sock_of_fd(fd: u32) -> Option<u64> {
+    let fds = open_files()?;
     let file = memory::kernel(fds + u64::from(fd) * 8)?;
     let socket = deref(file, &FILE_PRIVATE_DATA)?;
     deref(socket, &SOCKET_SK)

@@ -62,6 +62,19 @@ pub fn kernel_in_place<T: Bits>(at: u64, out: &mut MaybeUninit<T>) -> Option<&T>
     (ret == 0).then(|| unsafe { out.assume_init_ref() })
 }
 
+/// The `T` at the offset in `offset` of the struct at `base`, a pointer the
+/// verifier knows the type of from BTF (a tp_btf argument, a member loaded
+/// through one, `bpf_get_current_task_btf`): a plain load, which the
+/// verifier checks against that type (the offset is a read-only global, a
+/// constant to it), and which reads 0 where it faults. A helper call saved.
+#[inline(always)]
+pub fn btf<T: Bits>(base: *const u8, offset: &Global<u32>) -> T {
+    // SAFETY: the verifier allows the load only inside a member of the
+    // struct `base` points to, and the JIT makes a faulting one read 0;
+    // T: Bits, so any bytes are a valid T.
+    unsafe { core::ptr::read_volatile(base.wrapping_add(offset.load() as usize).cast::<T>()) }
+}
+
 /// The `T` at user address `at` in the current task, None if the read
 /// fails (unmapped, or paged out where the probe cannot wait).
 #[inline(always)]

@@ -135,28 +135,22 @@ impl Sock for SockAt {
     }
 }
 
-/// A socket through a pointer the verifier types as a `struct sock`. A
-/// load through it that faults reads 0, as a failed copy would.
+/// A socket through a pointer the verifier types as a `struct sock` (see
+/// `memory::btf`): a load that faults reads 0, as a failed copy would.
 #[derive(Clone, Copy)]
 pub struct SockBtf(pub *const u8);
 
 impl SockBtf {
     #[inline(always)]
     fn load<T: Bits>(self, offset: &Global<u32>) -> T {
-        // SAFETY: the verifier allows the load only at a member of
-        // `struct sock` of T's size or inside one, and the JIT makes a
-        // faulting one read 0; T: Bits, so any bytes are a valid T.
-        unsafe { core::ptr::read_volatile(self.0.add(offset.load() as usize).cast::<T>()) }
+        memory::btf(self.0, offset)
     }
 
     /// An IPv6 address, as two loads of its halves.
     #[inline(always)]
     fn v6(self, offset: &Global<u32>) -> [u8; 16] {
         let first = self.load::<u64>(offset);
-        // SAFETY: as in `load`, 8 bytes on, inside the same 16-byte member.
-        let second = unsafe {
-            core::ptr::read_volatile(self.0.add(offset.load() as usize + 8).cast::<u64>())
-        };
+        let second = memory::btf::<u64>(self.0.wrapping_add(8), offset);
         // SAFETY: [u64; 2] and [u8; 16] have the same size, and any bytes
         // are valid u8s.
         unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>([first, second]) }
@@ -193,13 +187,12 @@ impl Sock for SockBtf {
 
     #[inline(always)]
     fn netns(self) -> u32 {
+        // The verifier types the loaded pointer as the `struct net` it is.
         let net = self.load::<u64>(&SKC_NET) as *const u8;
         if net.is_null() {
             return 0;
         }
-        // SAFETY: `net` is the socket's `struct net` pointer, which the
-        // verifier types as one: as in `load`.
-        unsafe { core::ptr::read_volatile(net.add(NET_INUM.load() as usize).cast::<u32>()) }
+        memory::btf(net, &NET_INUM)
     }
 }
 

@@ -11,7 +11,7 @@ use aya::{
 use probes_common::accept::{
     ACCEPT_CONFIG_MAP, ACCEPT_START_MAP, ENTER_FD_OFFSET_GLOBAL, ENTER_PROGRAM, ENTER_TRACEPOINTS,
     EXIT_PROGRAM, EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINTS, FD_WALK_MEMBERS, FEXIT_PROGRAMS,
-    INET_CSK_ACCEPT, KRETPROBE_PROGRAM, SOCK_FROM_HOOK,
+    INET_CSK_ACCEPT, KRETPROBE_PROGRAM, SOCK_FROM_HOOK, TASK_BTF_GLOBAL, TASK_BTF_HELPER,
 };
 
 use super::{
@@ -22,12 +22,17 @@ use super::{
 };
 
 /// The `fd` and `ret` offsets from this kernel's tracepoint layouts (one
-/// program serves accept and accept4, so their layouts must agree), and the
-/// in-flight slots.
+/// program serves accept and accept4, so their layouts must agree), the
+/// fd walk's offsets and where it starts, and the in-flight slots.
 pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
     let fd = tracefs.same_offset("syscalls", &ENTER_TRACEPOINTS, "fd", 8)?;
     let ret = tracefs.same_offset("syscalls", &EXIT_TRACEPOINTS, "ret", 8)?;
-    let mut globals = vec![(ENTER_FD_OFFSET_GLOBAL, fd), (EXIT_RET_OFFSET_GLOBAL, ret)];
+    let task_btf = u32::from(btf.has_enum_value(TASK_BTF_HELPER));
+    let mut globals = vec![
+        (ENTER_FD_OFFSET_GLOBAL, fd),
+        (EXIT_RET_OFFSET_GLOBAL, ret),
+        (TASK_BTF_GLOBAL, task_btf),
+    ];
     globals.extend(btf.offsets(FD_WALK_MEMBERS)?);
     Ok(Setup {
         globals,

@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use probes_common::offsets::MemberOffset;
 
 const MAGIC: u16 = 0xeb9f;
+const KIND_ENUM: u32 = 6;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 const KIND_FUNC: u32 = 12;
@@ -104,7 +105,7 @@ impl KernelBtf {
                     }
                     vlen * MEMBER_LEN
                 }
-                6 => vlen * 8, // ENUM
+                KIND_ENUM => vlen * 8,
                 KIND_FUNC_PROTO => vlen * 8,
                 14 => 4,                               // VAR
                 15 => vlen * 12,                       // DATASEC
@@ -222,6 +223,17 @@ impl KernelBtf {
         Ok(self.vlen(proto))
     }
 
+    /// Whether some enum of the kernel's BTF has a value named `name`: the
+    /// kernel's `enum bpf_func_id` names every helper it has.
+    pub fn has_enum_value(&self, name: &str) -> bool {
+        (1..self.type_at.len() as u32)
+            .filter(|&id| self.kind(id) == KIND_ENUM)
+            .any(|id| {
+                (0..self.vlen(id) as usize)
+                    .any(|i| self.string(self.word(id, 3 + i * 2)) == name.as_bytes())
+            })
+    }
+
     /// Where in the BTF blob the offset of `struct name`'s direct member
     /// `member` is stored (tests patch it to prove a wrong offset is caught).
     pub fn member_offset_position(&self, name: &str, member: &str) -> Option<usize> {
@@ -316,7 +328,7 @@ mod tests {
     /// A tiny BTF blob: `struct outer { int a; union { int b; int c; }; struct inner d; }`
     /// with `struct inner { int x; int y; }`, offsets in bits as BTF stores them.
     fn blob() -> Vec<u8> {
-        let strings = b"\0int\0outer\0a\0b\0c\0d\0inner\0x\0y\0";
+        let strings = b"\0int\0outer\0a\0b\0c\0d\0inner\0x\0y\0colour\0RED\0GREEN\0";
         let s = |name: &str| {
             let needle = format!("\0{name}\0");
             strings
@@ -353,6 +365,16 @@ mod tests {
             s("d"),
             4,
             64,
+        ]);
+        // 6: enum colour { RED = 0, GREEN = 1 }
+        push(&[
+            s("colour"),
+            (KIND_ENUM << 24) | 2,
+            4,
+            s("RED"),
+            0,
+            s("GREEN"),
+            1,
         ]);
         let mut data = Vec::new();
         data.extend_from_slice(&MAGIC.to_le_bytes());
@@ -395,6 +417,16 @@ mod tests {
     }
 
     #[test]
+    fn finds_enum_values_by_name() {
+        let btf = KernelBtf::parse(&blob()).unwrap();
+        assert!(btf.has_enum_value("RED"));
+        assert!(btf.has_enum_value("GREEN"));
+        assert!(!btf.has_enum_value("BLUE"));
+        // A member's name is no enum value.
+        assert!(!btf.has_enum_value("x"));
+    }
+
+    #[test]
     fn rejects_what_is_not_btf() {
         assert!(KernelBtf::parse(b"").is_err());
         assert!(KernelBtf::parse(&[0u8; 32]).is_err());
@@ -422,6 +454,8 @@ mod tests {
         assert!([2, 4].contains(&accept_args), "{accept_args}");
         assert!(btf.func_param_count("no_such_function").is_err());
         assert!(btf.member_offset("file", "private_data").is_ok());
+        // 5.11 and later: the accept probe's walk starts from it.
+        assert!(btf.has_enum_value(probes_common::accept::TASK_BTF_HELPER));
         // Every member the probes read is on this kernel.
         let iter = btf.offsets(probes_common::sock::ITER_MEMBERS).unwrap();
         assert_eq!(iter.len(), probes_common::sock::ITER_MEMBERS.len());
