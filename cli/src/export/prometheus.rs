@@ -520,6 +520,23 @@ fn body(registry: &Registry, protobuf: bool) -> (&'static str, Vec<u8>) {
     )
 }
 
+/// Reads a request's head into `buf` (it may come in several segments)
+/// until its blank line, a full `buf`, the peer's end or a stalled peer;
+/// returns how many bytes it read.
+async fn read_head(conn: &mut tokio::net::TcpStream, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    let read = async {
+        while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut buf[n..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(more) => n += more,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+    n
+}
+
 /// The endpoint: publish a snapshot each interval; it serves the last one.
 pub struct Endpoint {
     snapshot: Arc<Mutex<Snapshot>>,
@@ -543,7 +560,7 @@ impl Endpoint {
                 let registry = registry.clone();
                 tokio::spawn(async move {
                     let mut buf = [0u8; 1024];
-                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    let n = read_head(&mut conn, &mut buf).await;
                     let request = String::from_utf8_lossy(&buf[..n]);
                     let response = if request.starts_with("GET /metrics") {
                         let (kind, body) = body(&registry, wants_protobuf(&request));
@@ -729,5 +746,29 @@ mod tests {
 
     fn body_kind(registry: &Registry, protobuf: bool) -> &'static str {
         body(registry, protobuf).0
+    }
+
+    #[test]
+    fn a_request_in_several_segments_is_served() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let endpoint = Endpoint::start("127.0.0.1:0".parse().unwrap())
+                .await
+                .unwrap();
+            let mut conn = tokio::net::TcpStream::connect(endpoint.addr).await.unwrap();
+            conn.set_nodelay(true).unwrap();
+            // As an unbuffered `write!` sends it: the server must not
+            // answer the first piece alone.
+            for piece in ["GET ", "/metrics", " HTTP/1.0\r\n", "\r\n"] {
+                conn.write_all(piece.as_bytes()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let mut response = String::new();
+            conn.read_to_string(&mut response).await.unwrap();
+            assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+        });
     }
 }
