@@ -15,7 +15,6 @@ mod watch_set;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use tokio::time::{self, MissedTickBehavior};
 
 use crate::{
     model::{
@@ -26,10 +25,7 @@ use crate::{
         report::{CountRow, Report, ReportKind},
         selector::Selector,
     },
-    probes::{
-        Options, Probes,
-        events::{DRAIN_PERIOD, EventStream},
-    },
+    probes::{Options, Probes, events::EventStream},
     procfs,
 };
 
@@ -44,7 +40,6 @@ pub struct Collector {
     watching: Vec<(u32, String)>,
     /// Ring buffer events received: this interval and since the start.
     received: Counter,
-    drain_tick: time::Interval,
     cost: cost::Meter,
     probe_cost: bool,
     start: Instant,
@@ -81,8 +76,6 @@ impl Collector {
         // SAFETY: malloc_trim only returns free heap pages to the kernel.
         unsafe { libc::malloc_trim(0) };
         let events = EventStream::new(probes.take_events()?).context("polling the ring buffer")?;
-        let mut drain_tick = time::interval(DRAIN_PERIOD);
-        drain_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let now = Instant::now();
         let mut collector = Self {
             cost: cost::Meter::new(&probes, options.probe_cost),
@@ -94,7 +87,6 @@ impl Collector {
             sockets: sockets::Sockets::default(),
             watching: Vec::new(),
             received: Counter::default(),
-            drain_tick,
             probe_cost: options.probe_cost,
             start: now,
             last_tick: now,
@@ -109,14 +101,16 @@ impl Collector {
         &self.watching
     }
 
-    /// Waits until the kernel signals a filling ring or the drain period
-    /// passes, then moves what arrived into the table. Cancel-safe: nothing
-    /// is taken from the ring before the wait ends.
+    /// Waits until the kernel signals a filling ring, then moves what
+    /// arrived into the table; every report drains it too, so between
+    /// reports nothing wakes stackprobe but a burst (an idle wakeup cost
+    /// it a quarter of its CPU when it drained every 250 ms). Cancel-safe:
+    /// nothing is taken from the ring before the wait ends.
     pub async fn pump(&mut self) -> Result<()> {
-        tokio::select! {
-            ready = self.events.readable() => ready.context("waiting on the ring buffer")?,
-            _ = self.drain_tick.tick() => {}
-        }
+        self.events
+            .readable()
+            .await
+            .context("waiting on the ring buffer")?;
         self.drain_ring();
         Ok(())
     }

@@ -10,13 +10,6 @@ use tokio::io::unix::AsyncFd;
 use super::decode::decode;
 use crate::model::event::Event;
 
-/// How often the consumer drains without a wakeup. Only process lifecycle
-/// and listeners stream now, and each wakeup costs the consumer a context
-/// switch: a quarter second keeps that under a few per second. A burst is
-/// drained sooner: the kernel forces a wakeup once a quarter of the ring
-/// (4 MiB: ≥ ~47k records of ≤ 88 bytes) is waiting.
-pub const DRAIN_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
-
 pub struct EventStream {
     ring: AsyncFd<RingBuf<MapData>>,
     undecodable: u64,
@@ -33,7 +26,9 @@ impl EventStream {
         })
     }
 
-    /// Waits until the kernel forces a wakeup (the ring is filling up).
+    /// Waits until the kernel forces a wakeup: the probes force one once a
+    /// quarter of the ring (4 MiB: ≥ ~47k records of ≤ 88 bytes) is
+    /// waiting.
     pub async fn readable(&mut self) -> io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;
         guard.clear_ready();
