@@ -76,27 +76,45 @@ pub struct Ends {
 }
 
 /// The ends of the socket at `sk`, from one copy of its first bytes; None
-/// if it cannot be read. Not inlined: the copy then takes stack only while
-/// it is read.
-#[inline(never)]
+/// if it cannot be read.
+#[inline(always)]
 pub fn read_ends(sk: u64) -> Option<Ends> {
+    let mut ends = MaybeUninit::<Ends>::uninit();
+    // SAFETY: on true every field was written (see `copy_ends`).
+    copy_ends(sk, &mut ends).then(|| unsafe { ends.assume_init() })
+}
+
+/// Writes the ends of the socket at `sk` into `out`, all its fields, and
+/// says so; false if the socket cannot be read. Not inlined, and writing
+/// into the caller's frame: the copy then takes stack only while it is
+/// read, and the ends none of the callee's (the classic state probe's call
+/// chain must stay within 6.1's 512 bytes).
+#[inline(never)]
+fn copy_ends(sk: u64, out: &mut MaybeUninit<Ends>) -> bool {
     let mut copy = MaybeUninit::<[u8; SOCK_WINDOW]>::uninit();
-    let w = memory::kernel_in_place(sk, &mut copy)?;
-    let family = at(w, &SKC_FAMILY);
-    let (laddr, raddr) = if family == AF_INET6 {
-        (at(w, &SKC_V6_RCV_SADDR), at(w, &SKC_V6_DADDR))
-    } else {
-        (v4(at(w, &SKC_RCV_SADDR)), v4(at(w, &SKC_DADDR)))
+    let Some(w) = memory::kernel_in_place(sk, &mut copy) else {
+        return false;
     };
-    Some(Ends {
-        family,
-        state: at(w, &SKC_STATE),
-        lport: at(w, &SKC_NUM),
-        rport_be: at(w, &SKC_DPORT),
-        laddr,
-        raddr,
-        netns: 0,
-    })
+    let family = at(w, &SKC_FAMILY);
+    let o = out.as_mut_ptr();
+    // SAFETY: `o` points to the caller's Ends, each of whose fields is
+    // written here, field by field so that no whole Ends is built on this
+    // frame first.
+    unsafe {
+        if family == AF_INET6 {
+            (*o).laddr = at(w, &SKC_V6_RCV_SADDR);
+            (*o).raddr = at(w, &SKC_V6_DADDR);
+        } else {
+            (*o).laddr = v4(at(w, &SKC_RCV_SADDR));
+            (*o).raddr = v4(at(w, &SKC_DADDR));
+        }
+        (*o).family = family;
+        (*o).state = at(w, &SKC_STATE);
+        (*o).lport = at(w, &SKC_NUM);
+        (*o).rport_be = at(w, &SKC_DPORT);
+        (*o).netns = 0;
+    }
+    true
 }
 
 /// A socket the state probe reads. Its `struct sock` members come through
