@@ -43,7 +43,13 @@ fn start(read_flags: impl FnOnce() -> Option<u64>) {
     if !is_watched((pid_tgid >> 32) as u32) {
         return;
     }
-    let flags = read_flags();
+    // Two plain values, not an Option kept across what follows: LLVM may
+    // read an Option's undefined payload while it is None, a read of
+    // uninitialized stack that 5.10's verifier refuses.
+    let (flags, flags_known) = match read_flags() {
+        Some(flags) => (flags, 1),
+        None => (0, 0),
+    };
     let tid = pid_tgid as u32;
     let Some(slot) = slots::fork(tid) else {
         return;
@@ -57,8 +63,8 @@ fn start(read_flags: impl FnOnce() -> Option<u64>) {
         );
     }
     slot.tid = tid;
-    slot.flags = flags.unwrap_or(0);
-    slot.flags_known = flags.is_some() as u32;
+    slot.flags = flags;
+    slot.flags_known = flags_known;
     slot.start_ns = now();
 }
 
