@@ -107,18 +107,22 @@ pub fn tcp_state_btf(ctx: BtfTracePointContext) -> u32 {
     let mut address = None;
     if let Some(t) = STATE_BTF_TAKEN.get_ptr_mut(0) {
         // SAFETY: this CPU's value of a one-entry array, which lives as
-        // long as the map; this program does not nest on a CPU, and the
-        // nested copy only clears the address of a slot it matched. The
-        // index is masked into the array.
+        // long as the map; the nested copy only clears the address of a
+        // slot it matched. The index is masked into the array.
         unsafe {
-            let i = (*t).next as usize % TAKEN;
-            if let Some(slot) = (*t).changes.get_mut(i) {
+            // The slot is taken before it is written: a run of this program
+            // nested in this one (kernels whose tp_btf programs have no
+            // guard of their own) then writes the next slot, never the one
+            // read back below. One nested between the read of `next` and
+            // its store ends before this run writes anything.
+            let i = (*t).next;
+            (*t).next = i.wrapping_add(1);
+            if let Some(slot) = (*t).changes.get_mut(i as usize % TAKEN) {
                 *slot = change(sk, old, new);
                 // Read back from the map, the verifier's pointer is a plain
                 // number (see `on_btf_change`), without a helper call.
                 address = Some(core::ptr::read_volatile(&raw const slot.sk));
             }
-            (*t).next = (*t).next.wrapping_add(1);
         }
     }
     on_btf_change(&ctx, address, old, new, Instance::First);
