@@ -483,6 +483,57 @@ fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
     server.stop();
 }
 
+/// While nothing watched changes, a report does not walk the sockets again
+/// (an idle stackprobe's largest cost) and still says its counts are
+/// current; connections arriving at a watched listener make the next one
+/// walk, and it shows them queued.
+#[test]
+fn an_idle_watch_skips_walks_until_something_watched_changes() {
+    let _lock = probe_lock();
+    let (server, mut s) = watched_listener(16);
+    // A report once a walk's budget (2000 times its cost) has passed, so
+    // that only what changed decides; well before the 30 s cap.
+    let report = |s: &mut Session| {
+        let took = Duration::from_micros(s.collector.table().links.last_snapshot().1);
+        std::thread::sleep(
+            (took * 2000 + Duration::from_millis(300)).max(Duration::from_millis(1100)),
+        );
+        s.collector.tick(|f| Ok(f.report.tcp.clone())).unwrap()
+    };
+    // The first report sees the server join the watch set.
+    report(&mut s);
+    let walks = s.collector.table().links.walks();
+    let tcp = report(&mut s);
+    assert_eq!(
+        s.collector.table().links.walks(),
+        walks,
+        "nothing changed, yet it walked"
+    );
+    assert!(
+        tcp.walk_age_ms < 1000,
+        "counts known current, {} ms",
+        tcp.walk_age_ms
+    );
+
+    // The server never accepts: three connections wait in its queue.
+    let held: Vec<_> = (0..3)
+        .map(|_| std::net::TcpStream::connect(&server.tcp).expect("connecting"))
+        .collect();
+    report(&mut s);
+    assert_eq!(s.collector.table().links.walks(), walks + 1);
+    let listener = s
+        .collector
+        .table()
+        .links
+        .listening()
+        .iter()
+        .find(|l| l.owner == server.pid)
+        .expect("the server's listener");
+    assert_eq!(listener.backlog, 3);
+    drop(held);
+    server.stop();
+}
+
 #[test]
 fn under_connection_churn_no_state_change_is_skipped_and_every_one_counts() {
     use stackprobe::probes::rungs::StateRung;

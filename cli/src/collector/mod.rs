@@ -40,6 +40,9 @@ pub struct Collector {
     watching: Vec<(u32, String)>,
     /// Ring buffer events received: this interval and since the start.
     received: Counter,
+    /// Events, histogram gains or a change of the watch set since the last
+    /// look at the sockets: what a walk could see anew.
+    stirred: bool,
     cost: cost::Meter,
     probe_cost: bool,
     start: Instant,
@@ -87,6 +90,7 @@ impl Collector {
             sockets: sockets::Sockets::default(),
             watching: Vec::new(),
             received: Counter::default(),
+            stirred: false,
             probe_cost: options.probe_cost,
             start: now,
             last_tick: now,
@@ -124,6 +128,7 @@ impl Collector {
         let table = &self.table;
         self.probes
             .drain_histograms(|pid| table.get(pid).is_some(), |e| gained.push(e))?;
+        self.stirred |= !gained.is_empty();
         for e in &gained {
             self.table.apply(e);
         }
@@ -134,6 +139,7 @@ impl Collector {
         let table = &mut self.table;
         let n = self.events.drain(|e| table.apply(&e));
         self.received.add(n as u64);
+        self.stirred |= n > 0;
         n
     }
 
@@ -197,7 +203,9 @@ impl Collector {
         let live: Vec<LiveProcess> =
             self.watch_set
                 .refresh(&self.selector, &mut self.probes, &self.table)?;
-        self.watching = live.iter().map(|p| (p.pid, p.name.clone())).collect();
+        let watching: Vec<(u32, String)> = live.iter().map(|p| (p.pid, p.name.clone())).collect();
+        self.stirred |= watching != self.watching;
+        self.watching = watching;
         self.table.sync_watched(&live);
         Ok(())
     }
@@ -211,9 +219,10 @@ impl Collector {
     /// Takes in the links' counts; walks the sockets if `force_walk` or
     /// when due (less often when they are many).
     fn look_at_sockets(&mut self, force_walk: bool) -> Result<()> {
+        let stirred = std::mem::take(&mut self.stirred);
         let snapshot = self
             .sockets
-            .snapshot(&mut self.probes, &self.table, force_walk)?;
+            .snapshot(&mut self.probes, &self.table, force_walk, stirred)?;
         self.table.links.observe_snapshot(snapshot);
         // Links of exited processes that stopped counting: forgotten in the
         // kernel, so short-lived owners leave no keys behind.

@@ -38,34 +38,66 @@ const WALK_BUDGET: u32 = 2000;
 /// 30 ms of CPU each, were half of stackprobe's CPU there.)
 const MAX_WALK_PERIOD: Duration = Duration::from_secs(30);
 
-/// When the sockets were last walked, and what that walk cost.
+/// When the sockets were last walked, what that walk cost, and whether
+/// anything a walk counts could have changed since.
 #[derive(Debug, Default)]
 pub struct Walks {
     generation: u32,
     last: Option<(Instant, Duration)>,
+    /// Ring events, histogram gains or a change of the watch set since the
+    /// last walk.
+    stirred: bool,
+    /// TIME_WAIT sockets on watched links at the last walk: while any,
+    /// their expiry (which no hook sees) changes the count.
+    time_wait: u64,
+    /// The sum of every link's counts at the last walk.
+    link_counts: u64,
+    /// When the last walk's counts were last known to be current: the walk,
+    /// or a later look at which nothing could have changed them.
+    current_at: Option<Instant>,
 }
 
 impl Walks {
+    /// Whether what the last walk counted for watched processes is still
+    /// exact with the links' counts now at `link_counts`: nothing was
+    /// stirred, no link counted an open, close or new TIME_WAIT (a
+    /// connection arriving at or accepted from a listener, which changes
+    /// its backlog, is one or stirs the histograms), and no TIME_WAIT
+    /// socket of ours was left to expire.
+    fn unchanged(&self, link_counts: u64) -> bool {
+        self.last.is_some()
+            && !self.stirred
+            && self.time_wait == 0
+            && link_counts == self.link_counts
+    }
+
     /// Whether a look at `now` walks the sockets: always when `forced` or
-    /// never walked, else once the budget allows.
-    fn due(&self, forced: bool, now: Instant) -> bool {
+    /// never walked, else once the budget allows, and while `unchanged`
+    /// only when the last walk is as old as the cap (a listening socket
+    /// handed over without a syscall we see, say).
+    fn due(&self, forced: bool, unchanged: bool, now: Instant) -> bool {
         match self.last {
             None => true,
             Some(_) if forced => true,
             Some((at, cost)) => {
-                now.saturating_duration_since(at) >= (cost * WALK_BUDGET).min(MAX_WALK_PERIOD)
+                let since = now.saturating_duration_since(at);
+                since >= MAX_WALK_PERIOD || (!unchanged && since >= cost * WALK_BUDGET)
             }
         }
     }
 
-    fn walked(&mut self, at: Instant, cost: Duration) {
+    fn walked(&mut self, at: Instant, cost: Duration, time_wait: u64, link_counts: u64) {
         self.last = Some((at, cost));
+        self.stirred = false;
+        self.time_wait = time_wait;
+        self.link_counts = link_counts;
+        self.current_at = Some(at);
     }
 
-    /// How old the last walk is at `now`.
+    /// How old the walk's counts are at `now`.
     fn age(&self, now: Instant) -> Duration {
-        self.last
-            .map_or(Duration::ZERO, |(at, _)| now.saturating_duration_since(at))
+        self.current_at
+            .map_or(Duration::ZERO, |at| now.saturating_duration_since(at))
     }
 }
 
@@ -91,22 +123,35 @@ pub struct Sockets {
 
 impl Sockets {
     /// The links' counts now, and a walk of every socket if `force_walk` or
-    /// when due (less often when they are many).
+    /// when due (less often when they are many, and rarely while nothing
+    /// watched changes). `stirred`: the watched processes had events or a
+    /// change of the watch set since the last look.
     pub fn snapshot(
         &mut self,
         probes: &mut Probes,
         table: &ProcessTable,
         force_walk: bool,
+        stirred: bool,
     ) -> Result<SocketSnapshot> {
         let started = Instant::now();
         let links = probes.tcp_links()?;
-        let walk = if self.walks.due(force_walk, started) {
+        self.walks.stirred |= stirred;
+        let link_counts = links.iter().fold(0u64, |n, (_, t)| {
+            n.wrapping_add(t.opens)
+                .wrapping_add(t.closes)
+                .wrapping_add(t.aborts)
+                .wrapping_add(t.new_time_wait)
+        });
+        let unchanged = self.walks.unchanged(link_counts);
+        let walk = if self.walks.due(force_walk, unchanged, started) {
             self.walks.generation = self.walks.generation.wrapping_add(1).max(1);
             let elsewhere = self.other_namespaces(table);
             let walked = probes.tcp_walk(self.walks.generation, &elsewhere)?;
             // The iterator's time is what recurs; reading /proc for a new
             // listener's owner happens once.
-            self.walks.walked(started, started.elapsed());
+            let time_wait = walked.time_wait.iter().map(|(_, n)| n).sum();
+            self.walks
+                .walked(started, started.elapsed(), time_wait, link_counts);
             let owners = self.listen_owners(probes, table, &walked.listeners)?;
             Some(Walk {
                 listeners: walked.listeners,
@@ -116,6 +161,9 @@ impl Sockets {
                 unwalked: walked.unwalked,
             })
         } else {
+            if unchanged {
+                self.walks.current_at = Some(started);
+            }
             None
         };
         let mut owners: HashSet<u32> = links.iter().map(|(l, _)| l.owner).collect();
@@ -398,20 +446,47 @@ mod tests {
     fn costly_walks_run_less_often_but_a_forced_walk_always_runs() {
         let t0 = Instant::now();
         let mut w = Walks::default();
-        assert!(w.due(false, t0), "the first look walks");
+        assert!(w.due(false, false, t0), "the first look walks");
         // A cheap walk (few sockets): due again by the next interval.
-        w.walked(t0, Duration::from_micros(300));
-        assert!(!w.due(false, t0 + Duration::from_millis(500)));
-        assert!(w.due(false, t0 + Duration::from_millis(600)));
+        w.walked(t0, Duration::from_micros(300), 5, 0);
+        assert!(!w.due(false, false, t0 + Duration::from_millis(500)));
+        assert!(w.due(false, false, t0 + Duration::from_millis(600)));
         // A 5 ms walk: the next one 10 s later, not before.
-        w.walked(t0, Duration::from_millis(5));
-        assert!(!w.due(false, t0 + Duration::from_millis(9900)));
-        assert!(w.due(false, t0 + Duration::from_secs(10)));
-        assert!(w.due(true, t0 + Duration::from_millis(1)));
+        w.walked(t0, Duration::from_millis(5), 5, 0);
+        assert!(!w.due(false, false, t0 + Duration::from_millis(9900)));
+        assert!(w.due(false, false, t0 + Duration::from_secs(10)));
+        assert!(w.due(true, false, t0 + Duration::from_millis(1)));
         assert_eq!(w.age(t0 + Duration::from_secs(3)), Duration::from_secs(3));
         // However costly, never older than the cap.
-        w.walked(t0, Duration::from_secs(1));
-        assert!(!w.due(false, t0 + MAX_WALK_PERIOD - Duration::from_millis(1)));
-        assert!(w.due(false, t0 + MAX_WALK_PERIOD));
+        w.walked(t0, Duration::from_secs(1), 5, 0);
+        assert!(!w.due(
+            false,
+            false,
+            t0 + MAX_WALK_PERIOD - Duration::from_millis(1)
+        ));
+        assert!(w.due(false, false, t0 + MAX_WALK_PERIOD));
+    }
+
+    #[test]
+    fn while_nothing_watched_changes_a_walk_waits_for_the_cap() {
+        let t0 = Instant::now();
+        let mut w = Walks::default();
+        assert!(!w.unchanged(0), "never walked: nothing is known");
+        // A cheap walk that found no TIME_WAIT of ours, links at 40 counts.
+        w.walked(t0, Duration::from_micros(300), 0, 40);
+        assert!(w.unchanged(40));
+        let later = t0 + Duration::from_secs(5);
+        assert!(!w.due(false, true, later), "budget allows, nothing new");
+        assert!(w.due(false, true, t0 + MAX_WALK_PERIOD));
+        assert!(w.due(true, true, later), "a forced walk still runs");
+        // Any of these makes the next look walk.
+        assert!(!w.unchanged(41), "a link counted something");
+        w.stirred = true;
+        assert!(!w.unchanged(40), "events or a new watched process");
+        w.walked(t0, Duration::from_micros(300), 3, 40);
+        assert!(
+            !w.unchanged(40),
+            "TIME_WAIT sockets of ours expire unseen: walk as budget allows"
+        );
     }
 }

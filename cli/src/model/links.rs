@@ -268,6 +268,8 @@ pub struct LinkTable {
     /// Sockets the last snapshot walked, and how long taking it took
     /// (iterator, /proc scans and bookkeeping), in µs.
     last_snapshot: (usize, u64),
+    /// Snapshots that walked the sockets.
+    walks: u64,
     unwalked: Vec<Unwalked>,
     /// How old the last walk was at the last look.
     walk_age: std::time::Duration,
@@ -335,6 +337,7 @@ impl LinkTable {
                 .collect();
             self.set_time_wait(&walk.time_wait);
             self.last_snapshot = (walk.sockets, snapshot.took_us);
+            self.walks += 1;
             self.unwalked = walk.unwalked;
         }
         self.walk_age = snapshot.walk_age;
@@ -421,6 +424,11 @@ impl LinkTable {
     /// Sockets in the last snapshot, and how long taking it took in µs.
     pub fn last_snapshot(&self) -> (usize, u64) {
         self.last_snapshot
+    }
+
+    /// How many snapshots walked the sockets.
+    pub fn walks(&self) -> u64 {
+        self.walks
     }
 
     /// Namespaces the last walk could not enter.
