@@ -68,8 +68,9 @@ impl WatchSet {
         let mut live = Vec::with_capacity(watched.len());
         for pid in watched {
             let known = match self.known.entry(pid) {
-                Entry::Occupied(known) if procfs::alive(pid) => known.into_mut(),
-                Entry::Occupied(_) => continue,
+                // In the kernel's set, so alive: its exit probe clears its
+                // byte, and `Probes::watch_pid` clears one set too late.
+                Entry::Occupied(known) => known.into_mut(),
                 // New to the watch set, and forked while the probes watched:
                 // its spawn event told its name and parent already.
                 Entry::Vacant(slot)
