@@ -4,7 +4,10 @@
 //! `agent` (the service), interleaved round by round; and what each spends
 //! per request (BPF programs plus its own userspace CPU).
 
-use std::time::Instant;
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result, ensure};
 
@@ -66,9 +69,9 @@ struct Scripts {
     bpftrace: String,
 }
 
-fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
-    let before = program_ids()?;
-    // The agent's metrics port.
+/// The tracer of `config` started (none for nothing attached), and the
+/// agent's metrics port.
+fn start(config: Config, scripts: &Scripts) -> Result<(Option<Tracer>, Option<u16>)> {
     let metrics = (config == Config::Agent)
         .then(free_loopback_port)
         .transpose()?;
@@ -85,6 +88,12 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
             )?)
         }
     };
+    Ok((tracer, metrics))
+}
+
+fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
+    let before = program_ids()?;
+    let (tracer, metrics) = start(config, scripts)?;
     let cpu = || tracer.as_ref().map(Tracer::cpu_s).transpose();
     let cpu_before = cpu()?.unwrap_or(0.0);
     let started = Instant::now();
@@ -228,5 +237,30 @@ pub fn run(scale: &Scale) -> Result<String> {
         }));
         md5.push_str(&server_report::per_run_rows(&format!("{page:?}"), &runs));
     }
+    md2.push_str(&idle(scale, &scripts)?);
     Ok(md2 + &md5)
+}
+
+/// What each tracer costs while the lab is up and idle: what leaving it
+/// running costs a machine with nothing to find.
+fn idle(scale: &Scale, scripts: &Scripts) -> Result<String> {
+    let seconds = scale.pick(3, 30);
+    let mut md = format!(
+        "\n**Idle**: the lab up with no load, each tracer for {seconds} s after it has settled \
+         (3 s); its CPU from the scheduler's count (/proc/PID/task/*/schedstat, in ns), which \
+         includes its socket iterator's time.\n\n\
+         | configuration | CPU ms per second |\n|---|---:|\n"
+    );
+    for config in [Config::Bpftrace, Config::Stackprobe, Config::Agent] {
+        let (tracer, _) = start(config, scripts)?;
+        let tracer = tracer.context("a tracer")?;
+        std::thread::sleep(Duration::from_secs(3));
+        let before = tracer.exact_cpu_s()?;
+        std::thread::sleep(Duration::from_secs(seconds));
+        let ms_per_s = (tracer.exact_cpu_s()? - before) * 1e3 / seconds as f64;
+        tracer.end()?;
+        eprintln!("server idle: {} {ms_per_s:.2} ms/s", config.name());
+        let _ = writeln!(md, "| {} | {ms_per_s:.2} |", config.name());
+    }
+    Ok(md)
 }

@@ -100,6 +100,23 @@ impl Tracer {
         cpu_s(self.pid)
     }
 
+    /// CPU time of its threads so far, in seconds, from the scheduler's own
+    /// count in ns (/proc/PID/task/*/schedstat): at an idle tracer's rate,
+    /// under a millisecond a second, /proc/PID/stat's 10 ms ticks would
+    /// count none or one.
+    pub fn exact_cpu_s(&self) -> Result<f64> {
+        let mut ns = 0u64;
+        for task in fs::read_dir(format!("/proc/{}/task", self.pid))? {
+            let schedstat = fs::read_to_string(task?.path().join("schedstat"))?;
+            ns += schedstat
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .context("malformed schedstat")?;
+        }
+        Ok(ns as f64 / 1e9)
+    }
+
     /// (RSS now, peak RSS) in KiB.
     pub fn rss_kib(&self) -> Result<(u64, u64)> {
         let status = fs::read_to_string(format!("/proc/{}/status", self.pid))?;
