@@ -1,6 +1,6 @@
 //! The collector: drains the ring buffer and turns each record into a model
-//! event (see `decode`). The probes do not wake us per event, so the caller drains on a short
-//! timer as well as when the kernel signals a filling ring.
+//! event (see `decode`). The probes do not wake us per event, so the caller
+//! drains at each report as well as when the kernel signals a filling ring.
 
 use std::io;
 
@@ -27,7 +27,7 @@ impl EventStream {
     }
 
     /// Waits until the kernel forces a wakeup: the probes force one once a
-    /// quarter of the ring (4 MiB: ≥ ~47k records of ≤ 88 bytes) is
+    /// quarter of the ring (1 MiB: ≥ ~11.9k records of ≤ 88 bytes) is
     /// waiting.
     pub async fn readable(&mut self) -> io::Result<()> {
         let mut guard = self.ring.readable_mut().await?;

@@ -133,7 +133,7 @@ impl Probes {
         sock::load(&mut ebpf, &btf)?;
         let state_rung = sock::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
         // Nothing needs the kernel's BTF any more. Freed and handed back now,
-        // before the self-check maps the 4 MiB ring (the kernel maps all its
+        // before the self-check maps the ring (the kernel maps all its
         // pages at once, so they count as resident), the two do not add up.
         drop(btf);
         release_free_heap();
