@@ -112,7 +112,11 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     // Drops are a result here (the server and wrk compete with the tracer
     // for two cores), reported beside the throughput.
     let mut drops = 0;
+    let mut rss_kib = 0;
     if let Some(tracer) = tracer {
+        if matches!(config, Config::Stackprobe | Config::Agent) {
+            rss_kib = tracer.rss_kib()?.0;
+        }
         if let Some(port) = metrics {
             drops = scraped_drops(port)?;
             tracer.end()?;
@@ -139,6 +143,7 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
         user_cpu_s: (cpu_after - cpu_before)
             - (runs_after.in_tracer_ns - runs_before.in_tracer_ns) as f64 / 1e9,
         drops,
+        rss_kib,
     })
 }
 
@@ -190,7 +195,8 @@ pub fn run(scale: &Scale) -> Result<String> {
          and their sum; medians over the rounds. Targets for stackprobe: total CPU per request \
          ≤ bpftrace's; its userspace ≤ 1 % of a core under the static load; throughput within 2 \
          points of the floor's (points: hundredths of the throughput with nothing attached, per \
-         round).\n\n",
+         round); its resident memory under 20 MB at the end of each round's load (VmRSS, which \
+         includes the ring buffer's pages the kernel maps into it).\n\n",
         scripts
             .floor_hooks
             .iter()

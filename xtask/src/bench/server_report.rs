@@ -53,6 +53,8 @@ pub struct Run {
     /// Events stackprobe lost (ring buffer full): the agent's as of its
     /// last metrics update.
     pub drops: u64,
+    /// stackprobe's resident memory at the end of the load, in KiB.
+    pub rss_kib: u64,
 }
 
 impl Run {
@@ -135,6 +137,7 @@ fn range((median, min, max): (f64, f64, f64), decimals: usize) -> String {
 /// The targets for stackprobe on the lab.
 const USERSPACE_PERCENT_MAX: f64 = 1.0;
 const POINTS_BELOW_FLOOR_MAX: f64 = 2.0;
+const RSS_MB_MAX: f64 = 20.0;
 
 /// One page's rounds, as measured.
 pub struct Page<'a> {
@@ -237,6 +240,15 @@ fn targets(page: &Page) -> Vec<(String, String, bool)> {
         format!("floor − stackprobe: {} points", range(points, 1)),
         points.0 <= POINTS_BELOW_FLOOR_MAX,
     ));
+    // Met only if every round's is under the target: it is a ceiling.
+    let rss = over(rounds, |r| {
+        r.of(Config::Stackprobe).rss_kib as f64 * 1024.0 / 1e6
+    });
+    targets.push((
+        format!("RSS < {RSS_MB_MAX} MB steady under the load"),
+        format!("{} MB at the end of the load", range(rss, 1)),
+        rss.2 < RSS_MB_MAX,
+    ));
     targets
 }
 
@@ -276,6 +288,7 @@ mod tests {
             bpf_ns,
             user_cpu_s,
             drops: 0,
+            rss_kib: 15_000,
         }
     }
 
@@ -341,7 +354,7 @@ mod tests {
             rounds: &rounds,
         });
         let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
-        assert_eq!(rows.len(), 1 + 5 + 1 + 3, "{md}");
+        assert_eq!(rows.len(), 1 + 5 + 1 + 4, "{md}");
         assert!(md.starts_with("**static** (3 rounds × 5 s)"));
         assert_eq!(
             rows[1],
@@ -369,6 +382,11 @@ mod tests {
         assert_eq!(
             rows[9],
             "| throughput within 2 points of the floor | floor − stackprobe: 3.0 [1.0–7.0] points | no |"
+        );
+        // 15 000 KiB in every round.
+        assert_eq!(
+            rows[10],
+            "| RSS < 20 MB steady under the load | 15.4 [15.4–15.4] MB at the end of the load | yes |"
         );
         // stackprobe ÷ bpftrace: 6.4 / 22.2, 23.7 / 22.0, 11.1 / 21.7 µs.
         assert_eq!(
