@@ -31,6 +31,49 @@ pub const MAX_LINKS: usize = 4096;
 /// counted: a close may reach TIME_WAIT well after its closer exited.
 const ROLE_MEMORY: u64 = 64;
 
+/// Role names kept before the unused ones are let go (or twice as many as
+/// were in use then, if more).
+const MAX_ROLE_NAMES: usize = 4096;
+
+/// Role names, each kept once, by id.
+#[derive(Clone, Debug, Default)]
+struct RoleNames {
+    ids: FxHashMap<String, u32>,
+    names: Vec<String>,
+    /// In use after the last compaction.
+    in_use: usize,
+}
+
+impl RoleNames {
+    fn id(&mut self, role: &str) -> u32 {
+        if let Some(&id) = self.ids.get(role) {
+            return id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(role.to_string());
+        self.ids.insert(role.to_string(), id);
+        id
+    }
+
+    fn name(&self, id: u32) -> &str {
+        &self.names[id as usize]
+    }
+
+    /// Whether enough names may be unused to compact them.
+    fn full(&self) -> bool {
+        self.names.len() > MAX_ROLE_NAMES.max(2 * self.in_use)
+    }
+
+    /// Keeps only the names `in_use` refer to, renumbering them.
+    fn compact<'a>(&mut self, in_use: impl Iterator<Item = &'a mut u32>) {
+        let old = std::mem::take(self);
+        for id in in_use {
+            *id = self.id(old.name(*id));
+        }
+        self.in_use = self.names.len();
+    }
+}
+
 /// A kernel link whose owner exited is forgotten (in the kernel too) after
 /// this many reads without a change.
 const QUIET_READS: u32 = 2;
@@ -254,10 +297,14 @@ pub struct LinkTable {
     seen: FxHashMap<KernelLink, Seen>,
     /// Each link's text, formatted once.
     peers: FxHashMap<Peer, PeerText>,
-    /// Owners' roles, with the read they last counted in: kept after a
-    /// process exits, since its sockets count on (a socket stays on its
-    /// link even after its owner exits).
-    roles: FxHashMap<u32, (String, u64)>,
+    /// Owners' roles (as ids into `role_names`), with the read they last
+    /// counted in (its low 32 bits): kept after a process exits, since its
+    /// sockets count on (a socket stays on its link even after its owner
+    /// exits). Every process that exits is remembered for
+    /// [`ROLE_MEMORY`] reads, some 25k where postgres forks per request:
+    /// 12 bytes each, where a copy of the role's name made it ~70 (3.6 MB).
+    roles: FxHashMap<u32, (u32, u32)>,
+    role_names: RoleNames,
     reads: u64,
     /// Watched processes' listening sockets, from the last snapshot.
     listening: Vec<Listener>,
@@ -344,9 +391,14 @@ impl LinkTable {
         self.set_counters(snapshot.counters);
         self.ephemeral_ports = snapshot.ephemeral_ports;
         let owners: rustc_hash::FxHashSet<u32> = self.seen.keys().map(|k| k.owner).collect();
-        let reads = self.reads;
-        self.roles
-            .retain(|pid, (_, last)| *last + ROLE_MEMORY > reads || owners.contains(pid));
+        let reads = self.reads as u32;
+        self.roles.retain(|pid, (_, last)| {
+            reads.wrapping_sub(*last) < ROLE_MEMORY as u32 || owners.contains(pid)
+        });
+        if self.role_names.full() {
+            self.role_names
+                .compact(self.roles.values_mut().map(|(id, _)| id));
+        }
         if self.peers.len() > 4 * MAX_LINKS {
             // Texts of links gone long ago: formatted again if they return.
             self.peers.clear();
@@ -365,8 +417,9 @@ impl LinkTable {
     /// counted so far along, so one process never leaves rows under two
     /// roles.
     fn set_role(&mut self, pid: u32, role: String) {
-        let old = match self.roles.insert(pid, (role.clone(), self.reads)) {
-            Some((old, _)) if old != role => old,
+        let id = self.role_names.id(&role);
+        let old = match self.roles.insert(pid, (id, self.reads as u32)) {
+            Some((old, _)) if old != id => self.role_names.name(old).to_string(),
             _ => return,
         };
         // What each of its kernel links added so far is what `seen` holds:
@@ -446,9 +499,9 @@ impl LinkTable {
         let owner = (link.owner != 0).then(|| {
             self.roles
                 .get_mut(&link.owner)
-                .map(|(role, last)| {
-                    *last = self.reads;
-                    role.clone()
+                .map(|(id, last)| {
+                    *last = self.reads as u32;
+                    self.role_names.name(*id).to_string()
                 })
                 .unwrap_or_else(|| format!("[{}]", link.owner))
         });
@@ -788,6 +841,53 @@ mod tests {
             None,
         ));
         assert_eq!(row(&t, Some("[99]"), "→ 127.0.0.1:1").opens.total, 1);
+    }
+
+    #[test]
+    fn past_the_bound_unused_role_names_go_and_a_remembered_owner_keeps_its_own() {
+        let mut t = LinkTable::default();
+        // Processes of more distinct roles than the bound exit; one, pid
+        // 100000, is still counting on a link when the others' roles age out.
+        const FIRST: u32 = 100_000;
+        for pid in FIRST..FIRST + MAX_ROLE_NAMES as u32 + 10 {
+            t.remember_role(pid, format!("role {pid}"));
+        }
+        let link = active(FIRST, "127.0.0.1:5432");
+        for n in 1..=ROLE_MEMORY {
+            t.observe_snapshot(read(vec![(link, totals(n, 0, 0, 0))], None));
+        }
+        // All in use at the first read, when the bound was passed: the
+        // next one is twice as many, and the names aged out stay till then.
+        let first_read = MAX_ROLE_NAMES + 10 + roles().len();
+        assert_eq!(t.role_names.names.len(), first_read);
+        for pid in 2 * FIRST..2 * FIRST + first_read as u32 + 1 {
+            t.remember_role(pid, format!("role {pid}"));
+        }
+        let next = ROLE_MEMORY + 1;
+        t.observe_snapshot(read(vec![(link, totals(next, 0, 0, 0))], None));
+        let in_use: std::collections::HashSet<u32> = t.roles.values().map(|(id, _)| *id).collect();
+        assert_eq!(
+            t.role_names.names.len(),
+            in_use.len(),
+            "unused names let go"
+        );
+        // pid FIRST's, the second batch's and the live processes'.
+        assert_eq!(in_use.len(), 1 + first_read + 1 + roles().len());
+        // The link's owner is still named by its role, and a name let go
+        // is interned anew when it returns.
+        t.remember_role(FIRST + 1, "role 100001".into());
+        t.observe_snapshot(read(
+            vec![
+                (link, totals(next + 1, 0, 0, 0)),
+                (active(FIRST + 1, "127.0.0.1:1"), totals(1, 0, 0, 0)),
+            ],
+            None,
+        ));
+        assert_eq!(
+            row(&t, Some("role 100000"), "→ 127.0.0.1:5432").opens.total,
+            next + 1
+        );
+        assert_eq!(row(&t, Some("role 100001"), "→ 127.0.0.1:1").opens.total, 1);
     }
 
     #[test]
