@@ -443,6 +443,17 @@ fn watched_listener(backlog: u32) -> (Server, Session) {
     (server, s)
 }
 
+/// `pid`'s listening socket, as the last walk found it.
+fn listener_of(s: &Session, pid: u32) -> &stackprobe::model::links::Listener {
+    s.collector
+        .table()
+        .links
+        .listening()
+        .iter()
+        .find(|l| l.owner == pid)
+        .expect("the server's listener")
+}
+
 #[test]
 fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
     let _lock = probe_lock();
@@ -459,14 +470,7 @@ fn a_full_accept_queue_shows_its_depth_at_the_limit_and_counts_overflows() {
         }
     }
     s.collector.observe_sockets().unwrap();
-    let listener = s
-        .collector
-        .table()
-        .links
-        .listening()
-        .iter()
-        .find(|l| l.owner == server.pid)
-        .expect("the server's listener");
+    let listener = listener_of(&s, server.pid);
     assert_eq!(listener.max_backlog, 2);
     assert!(
         listener.backlog >= listener.max_backlog,
@@ -521,14 +525,7 @@ fn an_idle_watch_skips_walks_until_something_watched_changes() {
         .collect();
     report(&mut s);
     assert_eq!(s.collector.table().links.walks(), walks + 1);
-    let listener = s
-        .collector
-        .table()
-        .links
-        .listening()
-        .iter()
-        .find(|l| l.owner == server.pid)
-        .expect("the server's listener");
+    let listener = listener_of(&s, server.pid);
     assert_eq!(listener.backlog, 3);
     drop(held);
     server.stop();

@@ -13,7 +13,10 @@ use probes_common::sock::{
     AF_INET6, ITER_AGGREGATE, IterConfig, TCP_LISTEN, TCP_NEW_SYN_RECV, TCP_TIME_WAIT, TcpSocket,
 };
 
-use crate::{offsets::offset_globals, tcp_links};
+use crate::{
+    offsets::offset_globals,
+    tcp_links::{self, Sock as _, SockBtf},
+};
 
 probes_common::sock_iter_members!(offset_globals);
 
@@ -42,17 +45,26 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
     // `struct bpf_iter__tcp`, which starts as IterTcpCtx does and lives for
     // the run.
     let ctx = unsafe { &*(ctx as *const IterTcpCtx) };
-    let sk = ctx.sk as u64;
-    if sk == 0 {
+    // Read once: a second load from the context would be a pointer the
+    // verifier knows only as maybe null, whatever was checked before.
+    // SAFETY: a field of the live context (see above).
+    let sk_common = unsafe { core::ptr::read_volatile(&raw const ctx.sk) };
+    if sk_common.is_null() {
         // The end of the walk.
         return 0;
     }
+    let sk = sk_common as u64;
     let Some(config) = ITER_CONFIG.get_ptr_mut(0) else {
         return 0;
     };
-    let Some(e) = tcp_links::read_keyed_ends(sk) else {
+    // The verifier types the context's socket as the `sock_common` it is:
+    // its members are plain loads, no copy (every socket of a walk pays
+    // for this).
+    let sock = SockBtf(sk_common);
+    let Some(mut e) = sock.ends() else {
         return 0;
     };
+    e.netns = sock.netns();
     // SAFETY: the array's only value, which lives as long as the map; one
     // run walks at a time, and userspace writes it only between runs.
     let config = unsafe { &mut *config };

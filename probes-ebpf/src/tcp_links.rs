@@ -153,8 +153,10 @@ impl Sock for SockAt {
     }
 }
 
-/// A socket through a pointer the verifier types as a `struct sock` (see
-/// `memory::btf`): a load that faults reads 0, as a failed copy would.
+/// A socket through a pointer the verifier types as a `struct sock` (a
+/// tp_btf argument) or a `struct sock_common` (the iterator's, which reads
+/// only those members here; see `memory::btf`): a load that faults reads 0,
+/// as a failed copy would.
 #[derive(Clone, Copy)]
 pub struct SockBtf(pub *const u8);
 
@@ -212,15 +214,6 @@ impl Sock for SockBtf {
         }
         memory::btf(net, &NET_INUM)
     }
-}
-
-/// The ends of the socket at `sk` with its network namespace: what keys
-/// it ([`read_ends`], then [`netns`]).
-#[inline(always)]
-pub fn read_keyed_ends(sk: u64) -> Option<Ends> {
-    let mut ends = read_ends(sk)?;
-    ends.netns = netns(sk);
-    Some(ends)
 }
 
 /// The inode number of the socket at `sk`'s network namespace (0 if
