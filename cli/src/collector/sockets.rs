@@ -94,6 +94,11 @@ impl Walks {
         self.current_at = Some(at);
     }
 
+    /// Nothing could have changed the last walk's counts by `at`.
+    fn still_current(&mut self, at: Instant) {
+        self.current_at = Some(at);
+    }
+
     /// How old the walk's counts are at `now`.
     fn age(&self, now: Instant) -> Duration {
         self.current_at
@@ -136,12 +141,9 @@ impl Sockets {
         let started = Instant::now();
         let links = probes.tcp_links()?;
         self.walks.stirred |= stirred;
-        let link_counts = links.iter().fold(0u64, |n, (_, t)| {
-            n.wrapping_add(t.opens)
-                .wrapping_add(t.closes)
-                .wrapping_add(t.aborts)
-                .wrapping_add(t.new_time_wait)
-        });
+        let link_counts = links
+            .iter()
+            .fold(0u64, |n, (_, t)| n.wrapping_add(t.changes()));
         let unchanged = self.walks.unchanged(link_counts);
         let walk = if self.walks.due(force_walk, unchanged, started) {
             self.walks.generation = self.walks.generation.wrapping_add(1).max(1);
@@ -162,7 +164,7 @@ impl Sockets {
             })
         } else {
             if unchanged {
-                self.walks.current_at = Some(started);
+                self.walks.still_current(started);
             }
             None
         };

@@ -171,6 +171,14 @@ impl LinkTotals {
         *self == LinkTotals::default()
     }
 
+    /// Every count added up (wrapping): a change in any moves it.
+    pub fn changes(&self) -> u64 {
+        self.opens
+            .wrapping_add(self.closes)
+            .wrapping_add(self.aborts)
+            .wrapping_add(self.new_time_wait)
+    }
+
     fn plus(&self, other: &LinkTotals) -> LinkTotals {
         LinkTotals {
             opens: self.opens + other.opens,
