@@ -17,7 +17,7 @@ use probes_common::{
     },
 };
 
-use super::connect;
+use super::{batch, connect};
 use crate::{
     model::event::{Event, HistDelta},
     procfs,
@@ -143,6 +143,7 @@ pub struct KernelHists {
     listeners: HashMap<(u32, u64), Option<String>>,
     /// Connect destinations named so far, by id.
     destinations: HashMap<u64, String>,
+    scratch: batch::Scratch,
 }
 
 impl KernelHists {
@@ -159,37 +160,48 @@ impl KernelHists {
     ) -> Result<()> {
         let mut exited: HashMap<u32, bool> = HashMap::new();
         let mut gained = Vec::new();
+        let mut scratch = std::mem::take(&mut self.scratch);
         for (index, name) in MAPS.into_iter().enumerate() {
             let map = ebpf
                 .map_mut(name)
                 .with_context(|| format!("the probes lack the {name} map"))?;
             let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> =
                 PerCpuHashMap::try_from(map)?;
-            let keys: Vec<HistKey> = hists.keys().filter_map(Result::ok).collect();
-            for key in keys {
+            let mut gone = Vec::new();
+            batch::for_each(&hists, &mut scratch, |key, values| {
                 let live = live(key.tgid);
-                // Asked before the read: once exited, the read below is final.
-                let gone = !live
+                if !live
                     && *exited
                         .entry(key.tgid)
-                        .or_insert_with(|| procfs::has_exited(key.tgid));
-                let Ok(values) = hists.get(&key, 0) else {
-                    continue;
-                };
-                if gone {
-                    // Removing is safe: a process that has exited adds nothing.
-                    let _ = hists.remove(&key);
+                        .or_insert_with(|| procfs::has_exited(key.tgid))
+                {
+                    // Read again below: this read may predate the exit.
+                    gone.push(key);
+                    return;
                 }
                 let comm = || {
-                    (!gone && !live)
+                    (!live)
                         .then(|| procfs::read(key.tgid).map(|p| p.comm))
                         .flatten()
                 };
-                if let Some(d) = self.read_in(index, key, values.iter(), gone, comm) {
-                    gained.push((key, gone, d));
+                if let Some(d) = self.read_in(index, key, values, false, comm) {
+                    gained.push((key, false, d));
+                }
+            })
+            .with_context(|| format!("reading the {name} map"))?;
+            for key in gone {
+                // Final: the process had exited before this read, and adds
+                // nothing more; so its entry can go.
+                let Ok(values) = hists.get(&key, 0) else {
+                    continue;
+                };
+                let _ = hists.remove(&key);
+                if let Some(d) = self.read_in(index, key, values.iter(), true, || None) {
+                    gained.push((key, true, d));
                 }
             }
         }
+        self.scratch = scratch;
         // Named once the maps of histograms are read: a destination's
         // name is in another map.
         for (key, gone, mut d) in gained {
