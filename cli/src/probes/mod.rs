@@ -6,7 +6,7 @@
 pub mod accept;
 pub mod attach;
 pub mod attach_check;
-mod batch;
+pub mod batch;
 pub mod btf;
 pub mod connect;
 pub mod decode;
