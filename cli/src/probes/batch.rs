@@ -1,7 +1,8 @@
 //! Whole per-CPU hash maps read in batches (BPF_MAP_LOOKUP_BATCH, Linux
 //! 5.6): aya reads a map a key at a time, two syscalls and an allocation
-//! per key (its next key, then its values), which was most of what reading
-//! the histograms cost each interval.
+//! per key (its next key, then its values); a batch takes one syscall. The
+//! kernel still visits every bucket of the map, which is most of what
+//! reading a large, sparse map costs.
 
 use std::{
     io,
@@ -37,6 +38,8 @@ const BATCH_BYTES: usize = 256 * 1024;
 /// A batch never ends inside a hash bucket: one too small for its bucket
 /// fails with ENOSPC and is retried twice the size.
 const MIN_KEYS: usize = 4;
+/// No bucket of a map that follows its hash's spread holds this many.
+const MAX_KEYS: usize = 1 << 16;
 
 /// Reusable buffers for [`for_each`].
 #[derive(Clone, Debug, Default)]
@@ -96,7 +99,7 @@ where
         let err = (ret < 0).then(io::Error::last_os_error);
         match err.as_ref().and_then(io::Error::raw_os_error) {
             None | Some(libc::ENOENT) => {}
-            Some(libc::ENOSPC) if attr.count == 0 => {
+            Some(libc::ENOSPC) if attr.count == 0 && capacity < MAX_KEYS => {
                 capacity *= 2;
                 continue;
             }
