@@ -122,11 +122,13 @@ fn tracefs_unmounted_mid_run_changes_nothing_and_stackprobe_leaves_no_mount_of_i
     let mut server = Server::start(None);
     let pid = server.pid.to_string();
     // In a mount namespace of its own, so the host's mounts are untouched:
-    // tracefs mounted before stackprobe starts, unmounted once it runs.
+    // tracefs mounted before stackprobe starts (unless the host had it
+    // mounted already), unmounted once it runs.
     let mut cmd = Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(format!(
-            "mount -t tracefs tracefs /sys/kernel/tracing && exec {STACKPROBE} \"$@\""
+            "{{ mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing; }} \
+             && exec {STACKPROBE} \"$@\""
         ))
         .args([
             "sh",
