@@ -78,7 +78,7 @@ pub struct Ends {
 /// The ends of the socket at `sk`, from one copy of its first bytes; None
 /// if it cannot be read.
 #[inline(always)]
-pub fn read_ends(sk: u64) -> Option<Ends> {
+fn read_ends(sk: u64) -> Option<Ends> {
     let mut ends = MaybeUninit::<Ends>::uninit();
     // SAFETY: on true every field was written (see `copy_ends`).
     copy_ends(sk, &mut ends).then(|| unsafe { ends.assume_init() })

@@ -258,13 +258,11 @@ fn time_wait_sockets() -> Result<u64> {
         .lines()
         .find_map(|l| l.strip_prefix("TCP: "))
         .and_then(|l| {
-            let mut words = l.split_whitespace();
-            while let Some(w) = words.next() {
-                if w == "tw" {
-                    return words.next()?.parse().ok();
-                }
-            }
-            None
+            l.split_whitespace()
+                .skip_while(|&w| w != "tw")
+                .nth(1)?
+                .parse()
+                .ok()
         })
         .context("no TCP tw count in /proc/net/sockstat")
 }
