@@ -254,7 +254,9 @@ fn on_change(
         connected(sk, instance);
         return;
     }
-    let listen = new == TCP_LISTEN || old == TCP_LISTEN;
+    // LISTEN → SYN_RECV is not the listener's: it is a connection's new
+    // socket, cloned from the listener with its state (it counts nothing).
+    let listen = new == TCP_LISTEN || (old == TCP_LISTEN && new == TCP_CLOSE);
     let counted = matches!(
         (old, new),
         (TCP_CLOSE, TCP_SYN_SENT) | (TCP_SYN_RECV, TCP_ESTABLISHED) | (_, TCP_CLOSE)
@@ -270,7 +272,7 @@ fn on_change(
         slots::connect_went_tcp(pid_tgid as u32);
     }
     if !counted && !listen && !by_owner {
-        // CLOSE → SYN_RECV, FIN_WAIT1 → FIN_WAIT2, ESTABLISHED →
+        // LISTEN → SYN_RECV, FIN_WAIT1 → FIN_WAIT2, ESTABLISHED →
         // CLOSE_WAIT: three of a connection's ten changes count nothing and
         // note nothing, tracked socket or not.
         return;
