@@ -22,17 +22,16 @@ use probes_common::{
     hist::{HistKey, HistMetric, HistValue},
     lifecycle::{ExitEvent, SpawnEvent},
 };
-use stackprobe::{
-    model::{
-        event::Event,
-        insights,
-        probe_stats::Drops,
-        process::{LiveProcess, ProcessTable},
-        report::{Report, ReportKind},
-    },
-    probes::{decode, hist::KernelHists},
-    view,
+use stackprobe_model::{
+    event::Event,
+    insights,
+    kernel_hist::HistReads,
+    probe_stats::Drops,
+    process::{LiveProcess, ProcessTable},
+    report::{Report, ReportKind},
 };
+use stackprobe_output::view;
+use stackprobe_probes::decode;
 
 /// The kernel keeps a value per CPU; this machine has two.
 const CPUS: usize = 2;
@@ -77,7 +76,7 @@ impl KernelMap {
 
     /// What `Collector::drain` does with one read of the map, but for the
     /// processes' names (the table knows them from /proc).
-    fn merge_into(&self, hists: &mut KernelHists, table: &mut ProcessTable) {
+    fn merge_into(&self, hists: &mut HistReads, table: &mut ProcessTable) {
         for (&key, cpus) in &self.0 {
             if let Some(delta) = hists.read(key, cpus, false, || None) {
                 table.apply(&Event::Hist(delta));
@@ -203,7 +202,7 @@ fn drain(c: &mut Criterion) {
     let mut map = KernelMap::default();
     lab::interval(&mut map, &mut lat);
     let mut table = lab::table();
-    let mut hists = KernelHists::default();
+    let mut hists = HistReads::default();
     // The interval before: every histogram already read once, and the
     // table's histograms allocated, as in the steady state of a run.
     map.merge_into(&mut hists, &mut table);
@@ -247,7 +246,7 @@ const SAMPLES: usize = 200;
 /// (a static pool, as in the lab) has forked `SAMPLES` short-lived children.
 fn busy_table() -> ProcessTable {
     let mut table = ProcessTable::default();
-    let mut hists = KernelHists::default();
+    let mut hists = HistReads::default();
     let mut map = KernelMap::default();
     let mut lat = Latencies(0x2545_f491_4f6c_dd1d);
     let mut live_procs = Vec::new();
@@ -358,7 +357,7 @@ fn watch_set(c: &mut Criterion) {
     for &pid in &watched {
         words[pid as usize / 8].fetch_or(1 << (8 * (pid % 8)), Ordering::Relaxed);
     }
-    let found = stackprobe::probes::watch::set_bytes(&words);
+    let found = stackprobe_probes::watch::set_bytes(&words);
     assert_eq!(
         found.iter().map(|&(pid, _)| pid).collect::<Vec<_>>(),
         watched
@@ -366,7 +365,7 @@ fn watch_set(c: &mut Criterion) {
     let mut group = c.benchmark_group("watch_set");
     group.throughput(Throughput::Bytes(PID_MAX as u64));
     group.bench_function("pid_max_4194304", |b| {
-        b.iter(|| black_box(stackprobe::probes::watch::set_bytes(black_box(&words))));
+        b.iter(|| black_box(stackprobe_probes::watch::set_bytes(black_box(&words))));
     });
     group.finish();
 }

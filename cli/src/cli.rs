@@ -206,13 +206,13 @@ pub struct WatchArgs {
     /// offers (fentry, then kprobe, then tracepoint); fails if it cannot
     /// attach. `stackprobe doctor` shows which ones work.
     #[arg(long, value_enum, value_name = "HOOK")]
-    pub fork_hook: Option<crate::probes::rungs::ForkRung>,
+    pub fork_hook: Option<stackprobe_probes::rungs::ForkRung>,
 
     /// Find accepted sockets (for the accept-queue wait) with this hook
     /// instead of the best this kernel offers (fexit, then kretprobe, then
     /// the fd walk); fails if it cannot attach.
     #[arg(long, value_enum, value_name = "HOOK")]
-    pub queue_hook: Option<crate::probes::rungs::QueueRung>,
+    pub queue_hook: Option<stackprobe_probes::rungs::QueueRung>,
 
     /// Print what the kernel probes log about what only the kernel sees
     /// (slot collisions, full maps, the listeners connections are
@@ -275,7 +275,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The metrics a recording holds, for `--metric`.
-pub use crate::export::hlog::METRICS;
+pub use stackprobe_output::export::hlog::METRICS;
 
 /// Longer runs and intervals are refused rather than overflowing a clock.
 const LONGEST: Duration = Duration::from_secs(10 * 365 * 86_400);

@@ -1,13 +1,11 @@
-//! stackprobe: kernel probe → shared event type → collector → pure model →
-//! views. `probes` talks to the kernel, `model` holds the numbers, `view`
-//! renders them, `cmd` wires them together.
+//! The `stackprobe` command: its options and the subcommands that wire the
+//! layers together. Each layer is a crate of its own, and a crate can only
+//! use those listed after it (the compiler holds to that):
+//!
+//! - `stackprobe_output`: views, exporters and sinks;
+//! - `stackprobe_collector`: the per-interval loop over the probes;
+//! - `stackprobe_probes`: the kernel side in userspace, and /proc;
+//! - `stackprobe_model`: the pure model.
 
 pub mod cli;
 pub mod cmd;
-pub mod collector;
-pub mod export;
-pub mod model;
-pub mod probes;
-pub mod procfs;
-pub mod sink;
-pub mod view;

@@ -9,7 +9,7 @@ use std::{
 };
 
 use probes_common::watch::WatchReason;
-use stackprobe::model::{probe_stats::Drops, selector::Selector};
+use stackprobe_model::{probe_stats::Drops, selector::Selector};
 use support::*;
 
 #[test]
@@ -118,12 +118,12 @@ fn accepts_already_blocked_at_attach_are_counted_with_their_latency_unknown() {
             let role = &frame.report.roles[0];
             assert_eq!(role.accept.latency.count + role.accept_untimed.count, 58);
             assert_eq!(role.accept_untimed.count, 2);
-            let json = stackprobe::view::json::render(&frame.report);
+            let json = stackprobe_output::view::json::render(&frame.report);
             assert!(
                 json.contains(r#""accept_untimed":{"count":2,"total":2}"#),
                 "{json}"
             );
-            Ok(stackprobe::view::text::render(&frame.report))
+            Ok(stackprobe_output::view::text::render(&frame.report))
         })
         .unwrap();
     assert!(

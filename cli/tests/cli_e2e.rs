@@ -12,7 +12,7 @@ use std::{
 
 use std::os::unix::process::ExitStatusExt as _;
 
-use stackprobe::probes::rungs::ForkRung;
+use stackprobe_probes::rungs::ForkRung;
 use support::*;
 
 #[test]

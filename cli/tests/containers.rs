@@ -230,7 +230,7 @@ struct Cgroup {
 
 impl Cgroup {
     fn new() -> Self {
-        let mount = stackprobe::procfs::cgroup2_mount().expect("a cgroup v2 mount");
+        let mount = stackprobe_probes::procfs::cgroup2_mount().expect("a cgroup v2 mount");
         let id = format!("5eed{:060x}", std::process::id());
         let slice = format!("sp-{}.slice", std::process::id());
         let path = format!("/{slice}/docker-{id}.scope");

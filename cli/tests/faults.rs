@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use stackprobe::probes::privileges;
+use stackprobe_probes::privileges;
 use support::*;
 
 /// `(name, mask)` of every Cap* line of every thread of `pid`.
@@ -287,7 +287,7 @@ fn a_btf_whose_offsets_do_not_match_the_kernel_is_caught_by_the_load_time_self_c
     // (or a parser bug) would make.
     let path = "/sys/kernel/btf/vmlinux";
     let mut data = fs::read(path).unwrap();
-    let btf = stackprobe::probes::btf::KernelBtf::parse(&data).unwrap();
+    let btf = stackprobe_probes::btf::KernelBtf::parse(&data).unwrap();
     let at = btf
         .member_offset_position("file", "private_data")
         .expect("struct file has private_data");

@@ -6,10 +6,8 @@ mod support;
 use std::time::Duration;
 
 use clap::ValueEnum as _;
-use stackprobe::{
-    model::report::{Report, ReportKind},
-    probes::{Options, rungs::ForkRung},
-};
+use stackprobe_model::report::{Report, ReportKind};
+use stackprobe_probes::{Options, rungs::ForkRung};
 use support::*;
 
 fn report(s: &Session) -> Report {

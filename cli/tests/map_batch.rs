@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use aya::maps::{MapData, PerCpuHashMap, PerCpuValues};
-use stackprobe::probes::batch;
+use stackprobe_probes::batch;
 use support::*;
 
 /// 8 KiB: on 2 CPUs a batch holds 16 keys, so 100 keys take 7 batches.

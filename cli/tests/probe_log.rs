@@ -5,7 +5,7 @@ mod support;
 
 use std::process::{Command, Stdio};
 
-use stackprobe::probes::{Options, privileges};
+use stackprobe_probes::{Options, privileges};
 use support::*;
 
 /// `(set, mask)` of every Cap* line of every thread of `pid`.

@@ -10,10 +10,8 @@ use std::{
 };
 
 use clap::ValueEnum as _;
-use stackprobe::{
-    model::sockets::TcpState,
-    probes::{Options, rungs::QueueRung},
-};
+use stackprobe_model::sockets::TcpState;
+use stackprobe_probes::{Options, rungs::QueueRung};
 use support::*;
 
 /// `ss -Htan state STATE` lines whose local address (the third column) is `local`.
@@ -105,7 +103,7 @@ fn link_time_wait(s: &Session, owner: Option<&str>, peer: &str) -> u64 {
         .sum()
 }
 
-fn link<'a>(s: &'a Session, owner: &str, peer: &str) -> &'a stackprobe::model::links::LinkStats {
+fn link<'a>(s: &'a Session, owner: &str, peer: &str) -> &'a stackprobe_model::links::LinkStats {
     s.collector
         .table()
         .links
@@ -126,7 +124,7 @@ fn server_link_closed<'a>(
     s: &'a mut Session,
     tcp: &str,
     n: u64,
-) -> &'a stackprobe::model::links::LinkStats {
+) -> &'a stackprobe_model::links::LinkStats {
     let server_side = format!("{tcp} ← 127.0.0.1");
     observe_until(s, |s| {
         s.collector
@@ -156,7 +154,7 @@ fn a_client_that_closes_first_owns_its_time_wait_sockets() {
     let mut server = Server::start(None);
     let mut s = Session::start();
     s.collector.probes_mut().watch_pid(server.pid).unwrap();
-    let selector = stackprobe::model::selector::Selector::new(vec![name.clone()], vec![]).unwrap();
+    let selector = stackprobe_model::selector::Selector::new(vec![name.clone()], vec![]).unwrap();
     s.collector
         .probes_mut()
         .watch_names(&selector.kernel_comm_keys())
@@ -444,7 +442,7 @@ fn watched_listener(backlog: u32) -> (Server, Session) {
 }
 
 /// `pid`'s listening socket, as the last walk found it.
-fn listener_of(s: &Session, pid: u32) -> &stackprobe::model::links::Listener {
+fn listener_of(s: &Session, pid: u32) -> &stackprobe_model::links::Listener {
     s.collector
         .table()
         .links
@@ -533,7 +531,7 @@ fn an_idle_watch_skips_walks_until_something_watched_changes() {
 
 #[test]
 fn under_connection_churn_no_state_change_is_skipped_and_every_one_counts() {
-    use stackprobe::probes::rungs::StateRung;
+    use stackprobe_probes::rungs::StateRung;
     let _lock = probe_lock();
     let mut server = Server::start(None);
     let mut s = Session::start();

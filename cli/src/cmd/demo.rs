@@ -30,8 +30,8 @@ use tokio::sync::oneshot;
 use crate::{
     cli::{DemoArgs, DemoServerArgs, DemoServerKind, Selection, WatchArgs},
     cmd::watch::{self, Control},
-    probes::preflight,
 };
+use stackprobe_probes::preflight;
 
 /// Process names newcomers can read in the roles (`demo-forking master`,
 /// `demo-forking worker`, `demo-pooled`); a comm holds 15 bytes.
@@ -497,7 +497,7 @@ fn handle(mut conn: TcpStream) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::insights::MIN_ACCEPTS;
+    use stackprobe_model::insights::MIN_ACCEPTS;
 
     #[test]
     fn the_load_stops_one_interval_before_the_end() {

@@ -7,7 +7,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::report::{Filter, Row, rows};
-use crate::{cli::DiffArgs, model::histogram::duration};
+use crate::cli::DiffArgs;
+use stackprobe_model::histogram::duration;
 
 #[derive(Debug, Serialize)]
 pub struct Change {
@@ -151,7 +152,7 @@ mod tests {
     use hdrhistogram::Histogram;
 
     use super::*;
-    use crate::export::hlog::{Interval, Recorder};
+    use stackprobe_output::export::hlog::{Interval, Recorder};
 
     fn recording(
         dir: &std::path::Path,

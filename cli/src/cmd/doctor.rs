@@ -7,7 +7,7 @@ use std::fs;
 
 use anyhow::{Result, bail};
 
-use crate::probes::{
+use stackprobe_probes::{
     Options, Probes, preflight,
     rungs::{ForkRung, QueueRung, StateRung},
 };

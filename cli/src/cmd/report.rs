@@ -6,10 +6,10 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use anyhow::{Result, bail};
 use serde::Serialize;
 
-use crate::{
-    cli::{ReportArgs, ReportFormat},
+use crate::cli::{ReportArgs, ReportFormat};
+use stackprobe_model::histogram::{LatencyHistogram, Log2Bucket, Summary};
+use stackprobe_output::{
     export::{hlog, plot},
-    model::histogram::{LatencyHistogram, Log2Bucket, Summary},
     view::text::log2_bars,
 };
 
@@ -175,7 +175,7 @@ pub fn render(rows: &[Row], format: ReportFormat) -> String {
                     "{} · {}  count {} over {} intervals ({:.0}s)",
                     r.role, r.metric, s.count, r.intervals, r.seconds
                 );
-                let d = crate::model::histogram::duration;
+                let d = stackprobe_model::histogram::duration;
                 let _ = writeln!(
                     out,
                     "  min {}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  mean {}",
@@ -201,7 +201,7 @@ mod tests {
     use hdrhistogram::Histogram;
 
     use super::*;
-    use crate::export::hlog::{Interval, Recorder};
+    use stackprobe_output::export::hlog::{Interval, Recorder};
 
     #[test]
     fn filters_windows_and_process_merging() {

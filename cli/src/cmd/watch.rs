@@ -14,11 +14,10 @@ use tokio::{
     time::{self, MissedTickBehavior},
 };
 
-use crate::{
-    cli::{Selection, WatchArgs},
-    collector::{Collector, cgroups, containers::Containers},
-    model::selector::Selector,
-    probes::{Options, privileges},
+use crate::cli::{Selection, WatchArgs};
+use stackprobe_collector::{Collector, cgroups, containers::Containers};
+use stackprobe_model::selector::Selector;
+use stackprobe_output::{
     sink::{
         Flow, Sink as _, Sinks,
         dashboard::{Actions, DashboardSink},
@@ -28,6 +27,7 @@ use crate::{
     },
     view::{self, tui::Action},
 };
+use stackprobe_probes::{Options, privileges};
 
 pub fn run(args: WatchArgs) -> Result<()> {
     run_with(args, Control::default())

@@ -17,12 +17,10 @@ use std::{
 use probes_common::{event::EVENTS_RING_BYTES, lifecycle::ExitEvent};
 use serde_json::Value;
 
-use stackprobe::{
-    collector::Collector,
-    model::{process::LiveProcess, selector::Selector},
-    probes::{Options, rungs::ForkRung, rungs::QueueRung, rungs::StateRung},
-    procfs,
-};
+use stackprobe_collector::Collector;
+use stackprobe_model::{process::LiveProcess, selector::Selector};
+use stackprobe_probes::procfs;
+use stackprobe_probes::{Options, rungs::ForkRung, rungs::QueueRung, rungs::StateRung};
 
 /// 20% more accepts than the ring buffer could hold had each sent even the
 /// smallest record the probes send (an exit event, behind the ring's 8-byte

@@ -17,8 +17,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 /// The source roots `cargo xtask test` checks: every crate's.
-pub const CHECKED: [&str; 4] = [
+pub const CHECKED: [&str; 8] = [
     "cli/src",
+    "cli/model/src",
+    "cli/probes/src",
+    "cli/collector/src",
+    "cli/output/src",
     "probes-ebpf/src",
     "xtask/src",
     "probes-common/src",

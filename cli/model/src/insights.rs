@@ -1,0 +1,388 @@
+//! What the numbers mean: rules over one report that name a known problem
+//! and the numbers it fired on. No rule fires on too little data.
+
+use super::{
+    histogram::duration,
+    report::{PathComparison, Report, ReportKind, RoleRow},
+    roles::{self, Kind},
+};
+
+/// At least this many accepts in the period before judging forks per accept.
+pub const MIN_ACCEPTS: u64 = 20;
+/// New TIME_WAIT sockets per second on one link worth a word.
+pub const MIN_TIME_WAIT_PER_S: f64 = 100.0;
+
+/// Fills `report.insights`: a pass of its own after the report is built,
+/// so the report knows nothing of the rules.
+pub fn annotate(report: &mut Report) {
+    report.insights = insights(report);
+}
+
+/// An accept-queue wait (p99) worth a word.
+pub const MIN_QUEUE_WAIT_NS: u64 = 10_000_000;
+
+/// Why connections wait to be accepted, as it is for this kind of role, and
+/// the knob that helps.
+fn accept_queue(role: &RoleRow) -> String {
+    let wait = format!(
+        "{}: connections wait {} (p99) in the accept queue",
+        role.role,
+        duration(role.accept_queue.latency.p99_ns)
+    );
+    let fork = if role.fork.latency.count > 0 {
+        format!(" (a fork takes {} p50)", duration(role.fork.latency.p50_ns))
+    } else {
+        String::new()
+    };
+    let forks_per_connection = role.forks_per_accept.is_some_and(|r| r >= 0.9);
+    match roles::kind(&role.role) {
+        Kind::Postmaster => format!(
+            "{wait}: the postmaster accepts and forks one connection at a time{fork}, so each new connection waits for the forks before it: use persistent connections or a pooler (pgbouncer)"
+        ),
+        Kind::Generic if forks_per_connection => format!(
+            "{wait}: it forks a process per connection between accepts{fork}, so each new connection waits for the forks before it: use persistent connections or hand connections to workers started in advance"
+        ),
+        Kind::Nginx => format!(
+            "{wait}: nginx's workers take connections more slowly than they come: raise worker_processes (up to one per core) or worker_connections, or find what blocks a worker"
+        ),
+        Kind::PhpFpm => format!(
+            "{wait}: every pool worker is busy with a request: raise pm.max_children (as memory allows) or make requests faster"
+        ),
+        Kind::Generic => format!(
+            "{wait}: it accepts more slowly than connections come: add accepting threads or processes, or make each connection cheaper"
+        ),
+    }
+}
+
+/// One sentence per finding, with the fix.
+pub fn insights(report: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    for role in &report.roles {
+        let accepts = role.accept.latency.count;
+        if let Some(ratio) = role.forks_per_accept
+            && accepts >= MIN_ACCEPTS
+            && ratio >= 0.9
+        {
+            let lifetime = if role.child_lifetime.latency.count > 0 {
+                format!(
+                    " and its children live {}",
+                    duration(role.child_lifetime.latency.p50_ns)
+                )
+            } else {
+                String::new()
+            };
+            out.push(format!(
+                    "{} forks {:.2} processes per accepted connection ({:.0}/s){lifetime}: use persistent connections or a pooler",
+                    role.role, ratio, role.fork.rate_per_s
+                ));
+        }
+        if role.accept_queue.latency.count >= MIN_ACCEPTS
+            && role.accept_queue.latency.p99_ns >= MIN_QUEUE_WAIT_NS
+        {
+            out.push(accept_queue(role));
+        }
+    }
+    if report.kind == ReportKind::Interval {
+        for link in &report.tcp.links {
+            if link.new_time_wait_per_s >= MIN_TIME_WAIT_PER_S {
+                out.push(format!(
+                    "{} {} leaves {:.0} TIME_WAIT/s ({} now): {}",
+                    link.owner.as_deref().unwrap_or("unknown"),
+                    link.link,
+                    link.new_time_wait_per_s,
+                    link.time_wait,
+                    if link.side == "active" {
+                        "enable keepalive / connection reuse towards it"
+                    } else {
+                        "clients close last: let them keep connections open (keepalive)"
+                    }
+                ));
+            }
+        }
+    }
+    for l in &report.tcp.listeners {
+        if l.max_backlog > 0 && l.backlog >= l.max_backlog {
+            out.push(format!(
+                "{} {}: accept queue full ({}/{}): connections are being dropped",
+                l.process.as_deref().unwrap_or("?"),
+                l.address,
+                l.backlog,
+                l.max_backlog
+            ));
+        }
+    }
+    out.extend(report.paths.iter().filter_map(path_comparison));
+    out.extend(report.tcp.warnings.iter().cloned());
+    out
+}
+
+/// Which of a client's two paths to a server connects faster, when the
+/// difference is beyond noise (see `Summary::clearly_slower_than`).
+fn path_comparison(p: &PathComparison) -> Option<String> {
+    let (tcp, unix) = (&p.tcp, &p.unix);
+    let (fast, fast_name, slow, slow_name) = if tcp.connect.clearly_slower_than(&unix.connect) {
+        (unix, "the unix socket", tcp, "TCP")
+    } else if unix.connect.clearly_slower_than(&tcp.connect) {
+        (tcp, "TCP", unix, "the unix socket")
+    } else {
+        return None;
+    };
+    // A unix connection's wait in the accept queue is not measured: said,
+    // never compared.
+    let queue = if tcp.accept_queue.count > 0 {
+        format!(
+            " (accept-queue wait, measured for TCP only: {} p50)",
+            duration(tcp.accept_queue.p50_ns)
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{} → {}: a new connection over {fast_name} {} connects in {} (p50, {} connects) against {} over {slow_name} {} ({:.1}× slower); {} accepts them in {} vs {} (p50){queue}: connect over {fast_name}",
+        p.client,
+        p.server,
+        fast.destination,
+        duration(fast.connect.p50_ns),
+        fast.connect.count,
+        duration(slow.connect.p50_ns),
+        slow.destination,
+        slow.connect.p50_ns as f64 / fast.connect.p50_ns.max(1) as f64,
+        p.server,
+        duration(fast.accept.p50_ns),
+        duration(slow.accept.p50_ns),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        fixtures::{fork_per_connection, live},
+        probe_stats::Drops,
+        process::ProcessTable,
+    };
+
+    /// A postmaster that accepted `n` connections in one second and forked a
+    /// backend for each, each living 9 ms.
+    fn forking(n: u32) -> Report {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "postgres")]);
+        let n = n as usize;
+        fork_per_connection(&mut t, 1, "postgres", &vec![1_000; n], 90_000, n, 9_000_000);
+        Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        )
+    }
+
+    #[test]
+    fn fork_per_connection_fires_with_its_numbers() {
+        let found = insights(&forking(412));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            found[0],
+            "postgres postmaster forks 1.00 processes per accepted connection (412/s) and its children live 9.00ms: use persistent connections or a pooler"
+        );
+    }
+
+    use crate::{
+        event::{Event, HistDelta, HistMetric},
+        process::LiveProcess,
+    };
+
+    /// `n` samples of `ns` each, as a read of the kernel's histogram hands
+    /// them over.
+    fn hist(tgid: u32, comm: &str, metric: HistMetric, n: u64, ns: u64) -> Event {
+        Event::Hist(HistDelta {
+            tgid,
+            comm: Some(comm.into()),
+            path: None,
+            metric,
+            count: n,
+            sum_ns: n * ns,
+            min_ns: ns,
+            max_ns: ns,
+            buckets: vec![(ns, n)],
+        })
+    }
+
+    fn proc(pid: u32, name: &str, title: &str, parent: Option<u32>) -> LiveProcess {
+        LiveProcess {
+            pid,
+            name: name.into(),
+            title: Some(title.into()),
+            parent: parent.map(|p| (p, name.to_string())),
+            container: None,
+            ns_pid: None,
+        }
+    }
+
+    /// One interval in which `acceptor` (of `procs`) accepted 40 connections,
+    /// each having waited 20 ms in the accept queue, and forked `forks`
+    /// processes of 700 µs each.
+    fn queued(procs: &[LiveProcess], acceptor: u32, forks: u64) -> Vec<String> {
+        let mut t = ProcessTable::default();
+        t.sync_watched(procs);
+        let name = &procs.iter().find(|p| p.pid == acceptor).unwrap().name;
+        t.apply(&hist(acceptor, name, HistMetric::Accept, 40, 50_000));
+        t.apply(&hist(
+            acceptor,
+            name,
+            HistMetric::AcceptQueue,
+            40,
+            20_000_000,
+        ));
+        if forks > 0 {
+            t.apply(&hist(acceptor, name, HistMetric::Fork, forks, 700_000));
+        }
+        let report = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        insights(&report)
+            .into_iter()
+            .filter(|i| i.contains("accept queue"))
+            .collect()
+    }
+
+    #[test]
+    fn a_postmaster_queues_behind_its_forks() {
+        let found = queued(
+            &[
+                proc(
+                    1,
+                    "postgres",
+                    "/usr/lib/postgresql/15/bin/postgres -D data",
+                    None,
+                ),
+                proc(2, "postgres", "postgres: checkpointer", Some(1)),
+            ],
+            1,
+            40,
+        );
+        assert_eq!(
+            found,
+            [
+                "postgres postmaster: connections wait 20.00ms (p99) in the accept queue: the postmaster accepts and forks one connection at a time (a fork takes 700.0µs p50), so each new connection waits for the forks before it: use persistent connections or a pooler (pgbouncer)"
+            ]
+        );
+        assert!(!found[0].contains("workers"), "a postmaster has none");
+    }
+
+    #[test]
+    fn a_generic_server_that_forks_per_connection_queues_behind_its_forks() {
+        let found = queued(
+            &[proc(1, "myd", "myd", None), proc(2, "myd", "myd", Some(1))],
+            1,
+            40,
+        );
+        assert_eq!(
+            found,
+            [
+                "myd master: connections wait 20.00ms (p99) in the accept queue: it forks a process per connection between accepts (a fork takes 700.0µs p50), so each new connection waits for the forks before it: use persistent connections or hand connections to workers started in advance"
+            ]
+        );
+    }
+
+    #[test]
+    fn nginx_workers_that_fall_behind_are_told_of_their_knobs() {
+        let found = queued(
+            &[
+                proc(1, "nginx", "nginx: master process /usr/sbin/nginx", None),
+                proc(2, "nginx", "nginx: worker process", Some(1)),
+            ],
+            2,
+            0,
+        );
+        assert_eq!(
+            found,
+            [
+                "nginx worker: connections wait 20.00ms (p99) in the accept queue: nginx's workers take connections more slowly than they come: raise worker_processes (up to one per core) or worker_connections, or find what blocks a worker"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_busy_php_fpm_pool_is_told_of_max_children() {
+        let found = queued(
+            &[
+                proc(
+                    1,
+                    "php-fpm8.2",
+                    "php-fpm: master process (/etc/php/8.2/fpm/php-fpm.conf)",
+                    None,
+                ),
+                proc(2, "php-fpm8.2", "php-fpm: pool www", Some(1)),
+            ],
+            2,
+            0,
+        );
+        assert_eq!(
+            found,
+            [
+                "php-fpm8.2 pool www: connections wait 20.00ms (p99) in the accept queue: every pool worker is busy with a request: raise pm.max_children (as memory allows) or make requests faster"
+            ]
+        );
+    }
+
+    #[test]
+    fn any_other_server_that_falls_behind_is_told_to_accept_faster() {
+        let found = queued(&[proc(1, "myd", "myd", None)], 1, 0);
+        assert_eq!(
+            found,
+            [
+                "myd: connections wait 20.00ms (p99) in the accept queue: it accepts more slowly than connections come: add accepting threads or processes, or make each connection cheaper"
+            ]
+        );
+        // A server forking now and then, not per connection, is not told
+        // that its forks are the queue.
+        let found = queued(
+            &[proc(1, "myd", "myd", None), proc(2, "myd", "myd", Some(1))],
+            1,
+            3,
+        );
+        assert!(found[0].contains("accepts more slowly"), "{found:?}");
+    }
+
+    #[test]
+    fn a_short_wait_fires_nothing() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[proc(1, "myd", "myd", None)]);
+        t.apply(&hist(
+            1,
+            "myd",
+            HistMetric::AcceptQueue,
+            40,
+            MIN_QUEUE_WAIT_NS / 2,
+        ));
+        let r = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        assert!(insights(&r).is_empty());
+    }
+
+    #[test]
+    fn too_little_data_fires_nothing() {
+        assert!(insights(&forking(MIN_ACCEPTS as u32 - 1)).is_empty());
+        let quiet = Report::build(
+            ReportKind::Interval,
+            &ProcessTable::default(),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        assert!(insights(&quiet).is_empty());
+    }
+}

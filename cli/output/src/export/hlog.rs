@@ -1,0 +1,467 @@
+//! Recordings: every interval's histograms as an HdrHistogram interval log
+//! (V2, deflate-compressed, base64), the standard format other HdrHistogram
+//! tools read. Each histogram's tag names its role and metric:
+//! `role=postgres%20postmaster;metric=accept` (tags may not contain spaces or
+//! commas, so those are percent-encoded).
+
+use std::{
+    fs::File,
+    io::{Cursor, Write},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, mpsc},
+    time::{Duration, SystemTime},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use base64::Engine as _;
+use hdrhistogram::{
+    Histogram,
+    serialization::{
+        Deserializer, V2DeflateSerializer,
+        interval_log::{IntervalLogIterator, IntervalLogWriterBuilder, LogEntry, Tag},
+    },
+};
+
+use stackprobe_model::process::{ProcessTable, Span};
+
+/// The metrics a recording holds for each role.
+pub const METRICS: [&str; 6] = [
+    "accept",
+    "accept_queue",
+    "fork",
+    "thread",
+    "child_lifetime",
+    "connect",
+];
+
+fn encode(s: &str) -> String {
+    s.replace('%', "%25")
+        .replace(' ', "%20")
+        .replace(',', "%2C")
+}
+
+fn decode(s: &str) -> String {
+    s.replace("%20", " ")
+        .replace("%2C", ",")
+        .replace("%25", "%")
+}
+
+pub fn tag(role: &str, metric: &str) -> String {
+    format!("role={};metric={}", encode(role), encode(metric))
+}
+
+pub fn parse_tag(tag: &str) -> Option<(String, String)> {
+    let (role, metric) = tag.strip_prefix("role=")?.split_once(";metric=")?;
+    Some((decode(role), decode(metric)))
+}
+
+/// One interval's histograms, to be written.
+pub struct Interval {
+    /// Since the recording started.
+    pub start: Duration,
+    pub duration: Duration,
+    /// (role, metric, histogram)
+    pub histograms: Vec<(String, &'static str, Histogram<u64>)>,
+}
+
+impl Interval {
+    /// This interval's histograms of every role and metric that has samples.
+    pub fn of(table: &ProcessTable, start: Duration, duration: Duration) -> Self {
+        let mut histograms = Vec::new();
+        for (role, (_, activity)) in table.roles(Span::Interval) {
+            for (metric, m) in activity.metrics() {
+                if let Some(h) = m.interval.hdr().filter(|h| !h.is_empty()) {
+                    histograms.push((role.clone(), metric, h.clone()));
+                }
+            }
+        }
+        Self {
+            start,
+            duration,
+            histograms,
+        }
+    }
+}
+
+/// Writes intervals in a thread of its own, so a slow disk never slows
+/// collection. Each interval is flushed, so what was written stays a valid
+/// log; the first error stops the recording and is kept for the caller.
+pub struct Recorder {
+    path: PathBuf,
+    tx: Option<mpsc::Sender<Interval>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+impl Recorder {
+    /// Creates `path` (an existing file only with `force`; see `file`).
+    pub fn create(path: &Path, force: bool) -> Result<Self> {
+        let file = super::file::create(path, force, "recording")?;
+        let (tx, rx) = mpsc::channel::<Interval>();
+        let error = Arc::new(Mutex::new(None));
+        let failed = error.clone();
+        let shown = path.display().to_string();
+        let thread = std::thread::Builder::new()
+            .name("recorder".into())
+            .spawn(move || {
+                if let Err(e) = write_all(file, rx) {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(format!("writing the recording {shown}: {e:#}"));
+                }
+            })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            tx: Some(tx),
+            thread: Some(thread),
+            error,
+        })
+    }
+
+    pub fn record(&self, interval: Interval) {
+        if let Some(tx) = &self.tx {
+            // A send only fails once the writer stopped on an error, which
+            // `error` reports.
+            let _ = tx.send(interval);
+        }
+    }
+
+    /// The error that stopped the recording, if any.
+    pub fn error(&self) -> Option<String> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Writes what is queued and closes the file.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        match self.error() {
+            Some(e) => bail!(e),
+            None => Ok(self.path.clone()),
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn write_all(mut file: File, rx: mpsc::Receiver<Interval>) -> Result<()> {
+    let mut serializer = V2DeflateSerializer::new();
+    let mut buf = Vec::new();
+    let mut written = 0;
+    IntervalLogWriterBuilder::new()
+        .add_comment("stackprobe recording: tags are role=ROLE;metric=METRIC (percent-encoded), values in ns")
+        .with_start_time(SystemTime::now())
+        .begin_log_with(&mut buf, &mut serializer)?;
+    append(&mut file, &mut buf, &mut written)?;
+    for interval in rx {
+        let mut log = IntervalLogWriterBuilder::new().begin_log_with(&mut buf, &mut serializer)?;
+        for (role, metric, hist) in &interval.histograms {
+            let tag = tag(role, metric);
+            let tag = Tag::new(&tag)
+                .ok_or_else(|| anyhow!("tag {tag:?} has a character logs cannot hold"))?;
+            log.write_histogram(hist, interval.start, interval.duration, Some(tag))
+                .map_err(|e| anyhow!("{e:?}"))?;
+        }
+        drop(log);
+        append(&mut file, &mut buf, &mut written)?;
+    }
+    Ok(())
+}
+
+/// Appends a whole interval or nothing: when a write fails (a full disk),
+/// the file is cut back to the last complete interval, so what was written
+/// stays readable.
+fn append(file: &mut File, buf: &mut Vec<u8>, written: &mut u64) -> Result<()> {
+    if let Err(e) = file.write_all(buf) {
+        let _ = file.set_len(*written);
+        return Err(e.into());
+    }
+    *written += buf.len() as u64;
+    buf.clear();
+    Ok(())
+}
+
+/// One histogram read back from a recording.
+#[derive(Debug)]
+pub struct Recorded {
+    pub start: Duration,
+    pub duration: Duration,
+    pub role: String,
+    pub metric: String,
+    pub histogram: Histogram<u64>,
+}
+
+/// Reads a recording; a corrupt or truncated one is an error naming the file
+/// and line.
+pub fn read(path: &Path) -> Result<Vec<Recorded>> {
+    let mut out = Vec::new();
+    for_each(path, |r| {
+        out.push(r);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Hands each histogram of a recording to `f` in order, holding one at a
+/// time (an hour at 1 s for a few roles is tens of thousands of them).
+pub fn for_each(path: &Path, f: impl FnMut(Recorded) -> Result<()>) -> Result<()> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_each(&data, f).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+pub fn parse(data: &[u8]) -> Result<Vec<Recorded>> {
+    let mut out = Vec::new();
+    parse_each(data, |r| {
+        out.push(r);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Line numbers by byte offset, counted incrementally (offsets only grow).
+struct Lines<'a> {
+    data: &'a [u8],
+    offset: usize,
+    line: usize,
+}
+
+impl Lines<'_> {
+    fn at(&mut self, offset: usize) -> usize {
+        let offset = offset.min(self.data.len());
+        if offset < self.offset {
+            self.offset = 0;
+            self.line = 1;
+        }
+        self.line += self.data[self.offset..offset]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        self.offset = offset;
+        self.line
+    }
+}
+
+fn parse_each(data: &[u8], mut f: impl FnMut(Recorded) -> Result<()>) -> Result<()> {
+    let mut deserializer = Deserializer::new();
+    let mut lines = Lines {
+        data,
+        offset: 0,
+        line: 1,
+    };
+    let mut offset = 0;
+    let mut seen = 0usize;
+    for entry in IntervalLogIterator::new(data) {
+        let entry = entry.map_err(|e| {
+            let hdrhistogram::serialization::interval_log::LogIteratorError::ParseError { offset } =
+                e;
+            anyhow!("line {}: not an interval log line", lines.at(offset))
+        })?;
+        let LogEntry::Interval(h) = entry else {
+            continue;
+        };
+        let encoded = h.encoded_histogram();
+        offset = find(data, encoded.as_bytes(), offset);
+        let line = lines.at(offset);
+        let tag = h
+            .tag()
+            .ok_or_else(|| anyhow!("line {line}: a histogram without a role/metric tag"))?;
+        let (role, metric) = parse_tag(tag.as_str())
+            .ok_or_else(|| anyhow!("line {line}: tag {:?} is not role=…;metric=…", tag.as_str()))?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map_err(|e| anyhow!("line {line}: bad base64: {e}"))?;
+        let histogram: Histogram<u64> = deserializer
+            .deserialize(&mut Cursor::new(bytes))
+            .map_err(|e| anyhow!("line {line}: bad histogram: {e:?}"))?;
+        seen += 1;
+        f(Recorded {
+            start: h.start_timestamp(),
+            duration: h.duration(),
+            role,
+            metric,
+            histogram,
+        })?;
+    }
+    if seen == 0 {
+        bail!("no histograms in this recording (empty or not a stackprobe recording)");
+    }
+    Ok(())
+}
+
+fn find(data: &[u8], needle: &[u8], from: usize) -> usize {
+    data.get(from..)
+        .and_then(|rest| rest.windows(needle.len().max(1)).position(|w| w == needle))
+        .map_or(from, |i| from + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hist(values: &[u64]) -> Histogram<u64> {
+        let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        for &v in values {
+            h.record(v).unwrap();
+        }
+        h
+    }
+
+    fn write(intervals: Vec<Interval>) -> Vec<u8> {
+        let dir = std::env::temp_dir().join(format!(
+            "sp-hlog-{}-{}",
+            std::process::id(),
+            intervals.len()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.hlog");
+        let rec = Recorder::create(&path, true).unwrap();
+        for i in intervals {
+            rec.record(i);
+        }
+        rec.finish().unwrap();
+        let data = std::fs::read(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        data
+    }
+
+    #[test]
+    fn tags_round_trip_through_the_encoding() {
+        let t = tag("postgres postmaster", "accept");
+        assert_eq!(t, "role=postgres%20postmaster;metric=accept");
+        assert!(Tag::new(&t).is_some());
+        assert_eq!(
+            parse_tag(&t),
+            Some(("postgres postmaster".into(), "accept".into()))
+        );
+        assert_eq!(
+            parse_tag(&tag("a,b%c d", "fork")),
+            Some(("a,b%c d".into(), "fork".into()))
+        );
+        assert_eq!(parse_tag("whatever"), None);
+    }
+
+    #[test]
+    fn histograms_read_back_exactly() {
+        let a = hist(&[1_000, 2_000, 3_000, 1_000_000]);
+        let b = hist(&(1..=5000).map(|v| v * 997).collect::<Vec<_>>());
+        let data = write(vec![
+            Interval {
+                start: Duration::from_secs(1),
+                duration: Duration::from_secs(1),
+                histograms: vec![
+                    ("postgres postmaster".into(), "accept", a.clone()),
+                    ("nginx worker".into(), "fork", b.clone()),
+                ],
+            },
+            Interval {
+                start: Duration::from_secs(2),
+                duration: Duration::from_secs(1),
+                histograms: vec![("postgres postmaster".into(), "accept", a.clone())],
+            },
+        ]);
+        let back = parse(&data).unwrap();
+        assert_eq!(back.len(), 3);
+        assert_eq!(
+            (back[0].role.as_str(), back[0].metric.as_str()),
+            ("postgres postmaster", "accept")
+        );
+        assert_eq!(back[1].role, "nginx worker");
+        assert_eq!(back[2].start, Duration::from_secs(2));
+        for (got, want) in [(&back[0].histogram, &a), (&back[1].histogram, &b)] {
+            assert_eq!(got.len(), want.len());
+            for q in [0.0, 0.5, 0.9, 0.99, 0.999, 1.0] {
+                assert_eq!(got.value_at_quantile(q), want.value_at_quantile(q), "q {q}");
+            }
+            assert_eq!((got.min(), got.max()), (want.min(), want.max()));
+        }
+    }
+
+    #[test]
+    fn corrupt_truncated_and_empty_recordings_are_errors_with_a_line() {
+        let data = write(vec![Interval {
+            start: Duration::ZERO,
+            duration: Duration::from_secs(1),
+            histograms: vec![("x".into(), "accept", hist(&[5, 6, 7]))],
+        }]);
+        assert!(
+            parse(b"")
+                .unwrap_err()
+                .to_string()
+                .contains("no histograms")
+        );
+        let text = String::from_utf8(data.clone()).unwrap();
+        let lines = text.lines().count();
+        // Cut the last (histogram) line in half.
+        let cut = &data[..data.len() - 20];
+        let err = parse(cut).unwrap_err().to_string();
+        assert!(err.contains(&format!("line {lines}")), "{err}");
+        // Garbage in the middle of the histogram's base64.
+        let mut bad = data.clone();
+        let at = bad.len() - 30;
+        bad[at] = b'!';
+        let err = parse(&bad).unwrap_err().to_string();
+        assert!(err.starts_with("line "), "{err}");
+        assert!(parse(b"not a log\nat all\n").is_err());
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A small valid recording to mutate.
+    fn valid() -> Vec<u8> {
+        let mut h: Histogram<u64> = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        for v in [10u64, 2_000, 30_000, 4_000_000] {
+            h.record(v).unwrap();
+        }
+        let mut out = Vec::new();
+        let mut serializer = V2DeflateSerializer::new();
+        {
+            let mut log = IntervalLogWriterBuilder::new()
+                .begin_log_with(&mut out, &mut serializer)
+                .unwrap();
+            let t = tag("postgres postmaster", "accept");
+            log.write_histogram(
+                &h,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+                Tag::new(&t),
+            )
+            .unwrap();
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse(&data);
+        }
+
+        #[test]
+        fn mutated_recordings_never_panic(at in 0usize..1000, byte in any::<u8>(), cut in 0usize..1000) {
+            let mut data = valid();
+            let i = at % data.len();
+            data[i] = byte;
+            data.truncate(data.len() - cut % data.len());
+            if let Err(e) = parse(&data) {
+                // Errors say where, or that nothing usable was found.
+                let msg = e.to_string();
+                prop_assert!(msg.starts_with("line ") || msg.contains("no histograms"), "{}", msg);
+            }
+        }
+    }
+}

@@ -1,0 +1,625 @@
+//! The plain-text view (`--no-tui`): a header per report, then one block per
+//! role (accepts, forks, threads, children and their lifetimes), then per
+//! accepting process its accepts, rate, percentiles and bpftrace-style log2
+//! bars. Parts with nothing to show are left out.
+
+use std::fmt::Write as _;
+
+use stackprobe_model::{
+    histogram::{Log2Bucket, Summary, duration},
+    probe_stats::Drops,
+    report::{PathComparison, Report, ReportKind, RoleRow, TcpReport},
+};
+
+const BAR_WIDTH: u64 = 40;
+
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let title = match report.kind {
+        ReportKind::Interval => "interval",
+        ReportKind::Summary => "summary",
+    };
+    let _ = write!(
+        out,
+        "=== {title} at +{:.1}s ({:.2}s) · watching {} process{}",
+        report.elapsed_s,
+        report.period_s,
+        report.watched,
+        if report.watched == 1 { "" } else { "es" },
+    );
+    if report.drops > 0 {
+        let _ = write!(out, " · {}", drops_line(&report.drops_by_cause));
+    } else {
+        out.push_str(" · drops 0");
+    }
+    out.push('\n');
+    if !report.probe_cost.is_empty() {
+        let costs: Vec<String> = report
+            .probe_cost
+            .iter()
+            .map(|c| format!("{} {:.0}ns×{}", c.program, c.ns_per_run(), c.runs))
+            .collect();
+        let _ = writeln!(out, "probe cost: {}", costs.join(", "));
+    }
+    for role in &report.roles {
+        out.push_str(&role_block(role));
+    }
+    out.push_str(&paths_block(&report.paths));
+    out.push_str(&tcp_block(&report.tcp));
+    for insight in &report.insights {
+        let _ = writeln!(out, "insight: {insight}");
+    }
+    if report.kind == ReportKind::Summary {
+        for h in &report.rungs {
+            let _ = writeln!(out, "hook: {} from {}", h.metric, h.description);
+        }
+    }
+    if report.processes.is_empty() {
+        out.push_str("no accepts yet\n");
+    } else {
+        out.push_str("per process:\n");
+    }
+    for p in &report.processes {
+        // `postgres[5120 (1 inside) in db]`: the host's pid, then the
+        // container's view.
+        let inside = p
+            .ns_pid
+            .map_or_else(String::new, |n| format!(" ({n} inside)"));
+        let container = p
+            .container
+            .as_ref()
+            .map_or_else(String::new, |c| format!(" in {}", c.label()));
+        let _ = writeln!(
+            out,
+            "{}[{}{inside}{container}]  accepts {} ({:.1}/s)  total {}",
+            p.process, p.pid, p.latency.count, p.rate_per_s, p.total
+        );
+        if p.latency.count > 0 {
+            let _ = writeln!(out, "  accept latency  {}", percentile_line(&p.latency));
+            out.push_str(&log2_bars(&p.log2_buckets));
+        }
+    }
+    out
+}
+
+fn role_block(r: &RoleRow) -> String {
+    let mut out = r.role.clone();
+    let plural = if r.processes == 1 { "" } else { "es" };
+    let pids: Vec<String> = r.pids.iter().map(u32::to_string).collect();
+    let more = if r.processes > r.pids.len() {
+        " …"
+    } else {
+        ""
+    };
+    let _ = write!(
+        out,
+        " ({} process{plural}{}{}{more}",
+        r.processes,
+        if pids.is_empty() { "" } else { ": " },
+        pids.join(" ")
+    );
+    if r.exited.total > 0 {
+        let _ = write!(out, ", {} exited", r.exited.count);
+    }
+    out.push(')');
+    if r.accept.total > 0 {
+        let _ = write!(
+            out,
+            "  accepts {} ({:.1}/s)",
+            r.accept.latency.count, r.accept.rate_per_s
+        );
+    }
+    if r.accept_untimed.total > 0 {
+        let _ = write!(
+            out,
+            "  accepts of unknown latency {} (blocked in accept() before the probes attached)",
+            r.accept_untimed.count
+        );
+    }
+    if r.fork.total > 0 {
+        let _ = write!(
+            out,
+            "  forks {} ({:.1}/s",
+            r.fork.latency.count, r.fork.rate_per_s
+        );
+        if let Some(ratio) = r.forks_per_accept {
+            let _ = write!(out, ", {ratio:.2} per accept");
+        }
+        out.push(')');
+    }
+    if r.thread.total > 0 {
+        let _ = write!(out, "  threads {}", r.thread.latency.count);
+    }
+    for (label, c) in [
+        ("failed forks", r.fork_failed),
+        ("forks of unseen kind", r.fork_unknown),
+        ("execs", r.execs),
+        ("children exec'd", r.children_exec),
+    ] {
+        if c.total > 0 {
+            let _ = write!(out, "  {label} {}", c.count);
+        }
+    }
+    if r.fork.total > 0 || r.children_alive > 0 {
+        let _ = write!(out, "  children alive {}", r.children_alive);
+    }
+    out.push('\n');
+    for (label, m) in [
+        ("accept latency", &r.accept),
+        ("accept queue", &r.accept_queue),
+        ("fork latency", &r.fork),
+        ("thread latency", &r.thread),
+        ("child lifetime", &r.child_lifetime),
+    ] {
+        if m.latency.count > 0 {
+            let _ = writeln!(out, "  {label:<15} {}", percentile_line(&m.latency));
+        }
+    }
+    // Apart only when the role accepts from more than one listener.
+    let active: Vec<_> = r
+        .listeners
+        .iter()
+        .filter(|l| l.accept.latency.count > 0)
+        .collect();
+    if active.len() > 1 {
+        for l in active {
+            let backlog = match (l.backlog, l.max_backlog) {
+                (Some(n), Some(max)) => format!("  backlog {n}/{max}"),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  from {}  accepts {} ({:.1}/s){backlog}",
+                l.listener, l.accept.latency.count, l.accept.rate_per_s
+            );
+            let _ = writeln!(
+                out,
+                "    accept latency  {}",
+                percentile_line(&l.accept.latency)
+            );
+            if l.accept_queue.latency.count > 0 {
+                let _ = writeln!(
+                    out,
+                    "    accept queue    {}",
+                    percentile_line(&l.accept_queue.latency)
+                );
+            }
+        }
+    }
+    for c in &r.connects {
+        let tried = c.latency.latency.count + c.refused.count + c.failed.count;
+        if tried == 0 {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "  connect to {} ({})  {} ({:.1}/s)",
+            c.destination, c.path, c.latency.latency.count, c.latency.rate_per_s
+        );
+        if c.refused.total > 0 {
+            let _ = write!(out, "  refused {}", c.refused.count);
+        }
+        if c.failed.total > 0 {
+            let _ = write!(out, "  failed {}", c.failed.count);
+        }
+        out.push('\n');
+        if c.latency.latency.count > 0 {
+            let _ = writeln!(
+                out,
+                "    connect latency {}",
+                percentile_line(&c.latency.latency)
+            );
+        }
+    }
+    out
+}
+
+/// Each client reaching one server over TCP and over a unix socket: the two
+/// paths side by side.
+fn paths_block(paths: &[PathComparison]) -> String {
+    let mut out = String::new();
+    for p in paths {
+        let _ = writeln!(out, "paths: {} → {}", p.client, p.server);
+        for (kind, n) in [("tcp", &p.tcp), ("unix", &p.unix)] {
+            let queue = if n.accept_queue.count > 0 {
+                duration(n.accept_queue.p50_ns)
+            } else {
+                "-".to_string()
+            };
+            let _ = write!(
+                out,
+                "  {kind:<4} {}  connects {}  connect p50 {} p99 {}  accept p50 {}  queue p50 {queue}",
+                n.destination,
+                n.connect.count,
+                duration(n.connect.p50_ns),
+                duration(n.connect.p99_ns),
+                duration(n.accept.p50_ns),
+            );
+            if n.refused + n.failed > 0 {
+                let _ = write!(out, "  refused {}  failed {}", n.refused, n.failed);
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn tcp_block(tcp: &TcpReport) -> String {
+    let mut out = String::new();
+    if !tcp.links.is_empty() {
+        match super::time_wait_age(tcp) {
+            Some(age) => {
+                let _ = writeln!(out, "connections: ({age})");
+            }
+            None => out.push_str("connections:\n"),
+        }
+    }
+    for l in &tcp.links {
+        let who = l.owner.as_deref().unwrap_or("unknown");
+        let _ = write!(out, "  {who} {}  TIME_WAIT {}", l.link, l.time_wait);
+        if l.new_time_wait.total > 0 {
+            let _ = write!(
+                out,
+                " (+{}, {:.1}/s)",
+                l.new_time_wait.count, l.new_time_wait_per_s
+            );
+        }
+        if l.opens.total + l.closes.total > 0 {
+            let _ = write!(
+                out,
+                "  opens {}  closes {}  aborts {}",
+                l.opens.count, l.closes.count, l.aborts.count
+            );
+        }
+        if let Some(p) = l.port_pressure.filter(|&p| p > 0.0) {
+            let _ = write!(out, "  ephemeral ports {:.1}%", p * 100.0);
+        }
+        out.push('\n');
+    }
+    if !tcp.listeners.is_empty() {
+        out.push_str("listeners:\n");
+    }
+    for l in &tcp.listeners {
+        let _ = writeln!(
+            out,
+            "  {}[{}] {}  backlog {}/{}{}",
+            l.process.as_deref().unwrap_or("?"),
+            l.pid,
+            l.address,
+            l.backlog,
+            l.max_backlog,
+            if l.backlog >= l.max_backlog && l.max_backlog > 0 {
+                "  FULL"
+            } else {
+                ""
+            }
+        );
+    }
+    let k = &tcp.kernel;
+    if k.listen_overflows.total + k.listen_drops.total + k.time_wait_overflows.total > 0 {
+        let _ = writeln!(
+            out,
+            "kernel (whole machine): listen overflows {}  listen drops {}  TIME_WAIT overflows {}",
+            k.listen_overflows.count, k.listen_drops.count, k.time_wait_overflows.count
+        );
+    }
+    for w in &tcp.warnings {
+        let _ = writeln!(out, "WARNING: {w}");
+    }
+    out
+}
+
+fn percentile_line(s: &Summary) -> String {
+    format!(
+        "min {}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}  mean {}",
+        duration(s.min_ns),
+        duration(s.p50_ns),
+        duration(s.p90_ns),
+        duration(s.p99_ns),
+        duration(s.p999_ns),
+        duration(s.max_ns),
+        duration(s.mean_ns),
+    )
+}
+
+/// `DROPS N (…)`: every cause with a count, and for events lost to a full
+/// ring buffer or skipped by the kernel, their kinds.
+fn drops_line(d: &Drops) -> String {
+    let mut causes = Vec::new();
+    let lost: Vec<String> = d
+        .lost
+        .by_kind()
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    if !lost.is_empty() {
+        causes.push(format!("ring buffer full: {}", lost.join(", ")));
+    }
+    let skipped: Vec<String> = d
+        .skipped
+        .by_kind()
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    if !skipped.is_empty() {
+        causes.push(format!(
+            "skipped by the kernel (a BPF program was already running on that CPU): {}",
+            skipped.join(", ")
+        ));
+    }
+    for (label, n) in [
+        ("histogram map full", d.hist_full),
+        ("accept slot shared", d.accept_slot_shared),
+        ("pid beyond watch set", d.watch_out_of_range),
+        ("fork slot shared", d.fork_slot_shared),
+        ("listener map full", d.listen_owners_full),
+        ("socket map insert failed", d.tracked_insert_failed),
+        ("link map full", d.link_map_full),
+        ("TIME_WAIT map full", d.time_wait_map_full),
+    ] {
+        if n > 0 {
+            causes.push(format!("{label} {n}"));
+        }
+    }
+    format!("DROPS {} ({})", d.total(), causes.join("; "))
+}
+
+/// bpftrace's `hist()` layout, in nanoseconds: `[4K, 8K)  12 |@@@@   |`.
+pub fn log2_bars(buckets: &[Log2Bucket]) -> String {
+    let peak = buckets.iter().map(|b| b.count).max().unwrap_or(0);
+    let mut out = String::new();
+    for b in buckets {
+        let width = (b.count * BAR_WIDTH).checked_div(peak).unwrap_or(0);
+        let range = format!("[{}, {})", si(b.lo), si(b.hi));
+        let _ = writeln!(
+            out,
+            "  {range:<14}{:>9} |{:<width$}|",
+            b.count,
+            "@".repeat(width as usize),
+            width = BAR_WIDTH as usize
+        );
+    }
+    out
+}
+
+/// bpftrace's power-of-two suffixes: 1024 → 1K, 1048576 → 1M.
+fn si(v: u64) -> String {
+    const UNITS: [(u32, &str); 6] = [
+        (60, "E"),
+        (50, "P"),
+        (40, "T"),
+        (30, "G"),
+        (20, "M"),
+        (10, "K"),
+    ];
+    for (shift, unit) in UNITS {
+        if v >= 1 << shift && v.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", v >> shift);
+        }
+    }
+    v.to_string()
+}
+
+/// Processes by name and pid, for one line: `nginx[12], nginx[13]`.
+pub fn process_list(procs: &[(u32, String)]) -> String {
+    const SHOWN: usize = 8;
+    let mut names: Vec<String> = procs
+        .iter()
+        .take(SHOWN)
+        .map(|(pid, name)| format!("{name}[{pid}]"))
+        .collect();
+    if procs.len() > SHOWN {
+        names.push(format!("and {} more", procs.len() - SHOWN));
+    }
+    names.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use stackprobe_model::{
+        fixtures::{fork_per_connection, live},
+        probe_stats::{LostEvents, RingLost},
+        process::ProcessTable,
+    };
+
+    /// A postmaster (pid 42) that accepted 3 connections and forked a backend
+    /// for each; two backends exited after 9 ms.
+    fn report(drops: Drops) -> Report {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(42, "postgres")]);
+        fork_per_connection(
+            &mut t,
+            42,
+            "postgres",
+            &[900, 2_500, 12_000],
+            100_000,
+            2,
+            9_000_000,
+        );
+        Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(3),
+            drops,
+        )
+    }
+
+    #[test]
+    fn a_process_in_a_container_is_named_with_its_container_and_its_pid_inside() {
+        let mut t = ProcessTable::default();
+        let id = "4f2a9c1be07d5e3c8a6b2f1d0e9c7b5a3f1e2d4c6b8a0f9e7d5c3b1a29384756";
+        let mut p = live(5120, "postgres");
+        p.container =
+            stackprobe_model::containers::Container::from_cgroup(&format!("/docker/{id}"));
+        p.ns_pid = Some(1);
+        t.sync_watched(&[p]);
+        fork_per_connection(&mut t, 5120, "postgres", &[2_000], 100_000, 0, 0);
+        let text = render(&Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        ));
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("postgres postmaster [4f2a9c1be07d] (1 process: 5120)")),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("postgres[5120 (1 inside) in 4f2a9c1be07d]  accepts 1")),
+            "{text}"
+        );
+        // Its backend, known only from its spawn event so far, is the
+        // container's from the start.
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("postgres backend [4f2a9c1be07d] (1 process: 100)")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn renders_roles_then_processes_with_percentiles_and_bars() {
+        let text = render(&report(Drops::default()));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "=== interval at +3.0s (1.00s) · watching 2 processes · drops 0"
+        );
+        assert_eq!(
+            lines[1],
+            "postgres postmaster (1 process: 42)  accepts 3 (3.0/s)  forks 3 (3.0/s, 1.00 per accept)  children alive 1"
+        );
+        assert_eq!(
+            lines[2],
+            "  accept latency  min 900ns  p50 2.5µs  p90 12.0µs  p99 12.0µs  p99.9 12.0µs  max 12.0µs  mean 5.1µs"
+        );
+        assert_eq!(
+            lines[3],
+            "  fork latency    min 100.0µs  p50 100.0µs  p90 100.0µs  p99 100.0µs  p99.9 100.0µs  max 100.0µs  mean 100.0µs"
+        );
+        assert_eq!(
+            lines[4],
+            "  child lifetime  min 9.00ms  p50 9.00ms  p90 9.00ms  p99 9.00ms  p99.9 9.00ms  max 9.00ms  mean 9.00ms"
+        );
+        assert_eq!(lines[5], "postgres backend (1 process: 102, 2 exited)");
+        assert_eq!(lines[6], "per process:");
+        assert_eq!(lines[7], "postgres[42]  accepts 3 (3.0/s)  total 3");
+        assert!(lines[8].starts_with("  accept latency  min 900ns"));
+        assert_eq!(
+            lines[9],
+            format!("  [512, 1K)             1 |{:<40}|", "@".repeat(40))
+        );
+        assert_eq!(lines[10], format!("  [1K, 2K)              0 |{:<40}|", ""));
+        assert_eq!(
+            lines[11],
+            format!("  [2K, 4K)              1 |{}|", "@".repeat(40))
+        );
+        assert_eq!(lines[12], format!("  [4K, 8K)              0 |{:<40}|", ""));
+        assert_eq!(
+            lines[13],
+            format!("  [8K, 16K)             1 |{}|", "@".repeat(40))
+        );
+        assert_eq!(lines.len(), 14);
+    }
+
+    #[test]
+    fn a_role_with_two_listeners_shows_each() {
+        use stackprobe_model::{event::HistMetric, fixtures::kernel_hist_from, report::ReportKind};
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(42, "postgres")]);
+        for (listener, samples) in [
+            ("127.0.0.1:5432", &[8_000u64, 9_000][..]),
+            ("/run/postgresql/.s.PGSQL.5432", &[3_000][..]),
+        ] {
+            t.apply(&kernel_hist_from(
+                42,
+                "postgres",
+                HistMetric::Accept,
+                Some(listener),
+                samples,
+            ));
+        }
+        let r = Report::build(
+            ReportKind::Summary,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            stackprobe_model::probe_stats::Drops::default(),
+        );
+        let text = render(&r);
+        assert!(
+            text.contains(
+                "  from 127.0.0.1:5432  accepts 2 (2.0/s)\n    accept latency  min 8.0µs"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("  from /run/postgresql/.s.PGSQL.5432  accepts 1 (1.0/s)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn drops_are_shown_with_their_causes() {
+        let text = render(&report(Drops {
+            lost: RingLost {
+                spawn: 5,
+                tcp_state: 4,
+                ..RingLost::default()
+            },
+            skipped: LostEvents {
+                tcp_state: 3,
+                ..LostEvents::default()
+            },
+            accept_slot_shared: 1,
+            fork_slot_shared: 2,
+            ..Drops::default()
+        }));
+        assert!(
+            text.contains("DROPS 15 (ring buffer full: spawn 5, tcp_state 4; skipped by the kernel (a BPF program was already running on that CPU): tcp_state 3; accept slot shared 1; fork slot shared 2)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn failed_map_inserts_in_the_kernel_are_drops() {
+        let text = render(&report(Drops {
+            listen_owners_full: 1,
+            tracked_insert_failed: 2,
+            link_map_full: 3,
+            ..Drops::default()
+        }));
+        assert!(
+            text.contains(
+                "DROPS 6 (listener map full 1; socket map insert failed 2; link map full 3)"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn durations_pick_readable_units() {
+        assert_eq!(duration(999), "999ns");
+        assert_eq!(duration(1_500), "1.5µs");
+        assert_eq!(duration(2_340_000), "2.34ms");
+        assert_eq!(duration(61_000_000_000), "61.000s");
+    }
+
+    #[test]
+    fn si_suffixes_like_bpftrace() {
+        assert_eq!(si(0), "0");
+        assert_eq!(si(512), "512");
+        assert_eq!(si(1024), "1K");
+        assert_eq!(si(1 << 20), "1M");
+        assert_eq!(si(1 << 33), "8G");
+    }
+}

@@ -1,8 +1,0 @@
-//! `--json`: one JSON object per line, per report. Fields are documented in
-//! docs/json.md and named by `model::report`.
-
-use crate::model::report::Report;
-
-pub fn render(report: &Report) -> String {
-    serde_json::to_string(report).expect("reports contain only serialisable values")
-}
