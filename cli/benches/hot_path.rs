@@ -7,6 +7,7 @@
 //! The map and /proc reads around the merge need root and a loaded probe;
 //! what is measured is everything userspace computes on their results.
 
+use stackprobe_model::measure::Latency;
 use std::{
     collections::HashMap,
     hint::black_box,
@@ -231,8 +232,14 @@ fn drain(c: &mut Criterion) {
     let (mut hists, mut table) = (hists, table);
     map.merge_into(&mut hists, &mut table);
     let postmaster = table.get(lab::POSTMASTER).expect("the postmaster");
-    assert_eq!(postmaster.activity.fork.interval.count(), 200);
-    assert_eq!(postmaster.activity.fork.total.count(), 400);
+    assert_eq!(
+        postmaster.activity.latency[Latency::Fork].interval.count(),
+        200
+    );
+    assert_eq!(
+        postmaster.activity.latency[Latency::Fork].total.count(),
+        400
+    );
 }
 
 /// Families of forking servers: a master and its workers make two roles.

@@ -3,6 +3,7 @@
 
 mod support;
 
+use stackprobe_model::measure::{Count, Latency};
 use std::{
     thread,
     time::{Duration, Instant},
@@ -42,7 +43,7 @@ fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
         .get(watched.pid)
         .unwrap()
         .activity
-        .accept
+        .latency[Latency::Accept]
         .total
         .summary();
     // Every connection was already queued: each accept is a few µs of work.
@@ -108,7 +109,10 @@ fn accepts_already_blocked_at_attach_are_counted_with_their_latency_unknown() {
 
     let a = &s.collector.table().get(server.pid).unwrap().activity;
     assert_eq!(
-        (a.accept.total.count(), a.accept_untimed.total),
+        (
+            a.latency[Latency::Accept].total.count(),
+            a.counts[Count::AcceptUntimed].total
+        ),
         (37 + 21 - 2, 2),
         "every accept counted; the two blocked at attach without a latency"
     );
@@ -116,8 +120,12 @@ fn accepts_already_blocked_at_attach_are_counted_with_their_latency_unknown() {
         .collector
         .finish(|frame| {
             let role = &frame.report.roles[0];
-            assert_eq!(role.accept.latency.count + role.accept_untimed.count, 58);
-            assert_eq!(role.accept_untimed.count, 2);
+            assert_eq!(
+                role.latency[Latency::Accept].latency.count
+                    + role.counts[Count::AcceptUntimed].count,
+                58
+            );
+            assert_eq!(role.counts[Count::AcceptUntimed].count, 2);
             let json = stackprobe_output::view::json::render(&frame.report);
             assert!(
                 json.contains(r#""accept_untimed":{"count":2,"total":2}"#),
@@ -154,7 +162,7 @@ fn a_blocking_accept_includes_its_wait() {
         .get(server.pid)
         .unwrap()
         .activity
-        .accept
+        .latency[Latency::Accept]
         .total
         .summary();
     assert_eq!(summary.count, 1);
@@ -337,7 +345,7 @@ fn more_accepts_than_the_ring_buffer_holds_are_all_counted_and_none_crosses_it()
         .get(server.pid)
         .unwrap()
         .activity
-        .accept
+        .latency[Latency::Accept]
         .total
         .summary();
     assert!(

@@ -5,6 +5,7 @@
 
 mod support;
 
+use stackprobe_model::measure::Latency;
 use std::process::Command;
 use std::time::Duration;
 
@@ -100,10 +101,9 @@ fn passive_link(s: &Session, addr: &str, inum: u32) -> (u64, u64, u64) {
 }
 
 fn queue_waits(s: &Session, pid: u32) -> u64 {
-    s.collector
-        .table()
-        .get(pid)
-        .map_or(0, |p| p.activity.accept_queue.total.count())
+    s.collector.table().get(pid).map_or(0, |p| {
+        p.activity.latency[Latency::AcceptQueue].total.count()
+    })
 }
 
 #[test]

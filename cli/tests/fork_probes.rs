@@ -3,6 +3,7 @@
 
 mod support;
 
+use stackprobe_model::measure::{Count, Latency};
 use std::time::Duration;
 
 use clap::ValueEnum as _;
@@ -37,11 +38,18 @@ fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_l
     s.collect();
 
     let a = &s.collector.table().get(server.pid).unwrap().activity;
-    assert_eq!(a.accept.total.count(), n);
-    assert_eq!(a.fork.total.count(), n, "one process fork per connection");
-    assert_eq!(a.thread.total.count(), 0);
-    assert_eq!(a.fork_unknown.total + a.fork_failed.total, 0);
-    let life = a.child_lifetime.total.summary();
+    assert_eq!(a.latency[Latency::Accept].total.count(), n);
+    assert_eq!(
+        a.latency[Latency::Fork].total.count(),
+        n,
+        "one process fork per connection"
+    );
+    assert_eq!(a.latency[Latency::Thread].total.count(), 0);
+    assert_eq!(
+        a.counts[Count::ForkUnknown].total + a.counts[Count::ForkFailed].total,
+        0
+    );
+    let life = a.latency[Latency::ChildLifetime].total.summary();
     assert_eq!(life.count, n, "every child's exit was seen");
     assert!(
         life.min_ns >= 50_000_000,
@@ -55,7 +63,7 @@ fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_l
         "p50 lifetime {}ns is not within 25ms above 50ms (the sleep, plus this noisy VM's wakeup delay)",
         life.p50_ns
     );
-    let fork = a.fork.total.summary();
+    let fork = a.latency[Latency::Fork].total.summary();
     assert!(fork.min_ns > 0 && fork.max_ns < 1_000_000_000, "{fork:?}");
     // The children exited: none is left in the table, all folded into a role.
     assert_eq!(s.collector.table().children_alive(server.pid), 0);
@@ -67,8 +75,8 @@ fn a_fork_per_connection_server_forks_once_per_accept_and_its_children_live_as_l
         .find(|r| r.role == "stackprobe-loop master")
         .expect("the server is a master");
     assert_eq!(master.forks_per_accept, Some(1.0));
-    assert_eq!(master.fork.latency.count, n);
-    assert_eq!(master.child_lifetime.latency.count, n);
+    assert_eq!(master.latency[Latency::Fork].latency.count, n);
+    assert_eq!(master.latency[Latency::ChildLifetime].latency.count, n);
     assert_eq!(r.drops, 0);
     server.stop();
 }
@@ -84,8 +92,8 @@ fn threads_are_counted_as_threads_not_processes() {
     s.collect();
 
     let a = &s.collector.table().get(server.pid).unwrap().activity;
-    assert_eq!(a.thread.total.count(), 6);
-    assert_eq!(a.fork.total.count(), 0);
+    assert_eq!(a.latency[Latency::Thread].total.count(), 6);
+    assert_eq!(a.latency[Latency::Fork].total.count(), 0);
     assert_eq!(s.collector.table().children_alive(server.pid), 0);
     assert_eq!(s.collector.table().len(), 1, "threads get no process entry");
     server.stop();
@@ -107,8 +115,8 @@ fn a_server_that_does_not_fork_shows_no_forks() {
         .iter()
         .find(|r| r.pids.contains(&server.pid))
         .unwrap();
-    assert_eq!(row.accept.latency.count, 5);
-    assert_eq!(row.fork.latency.count, 0);
+    assert_eq!(row.latency[Latency::Accept].latency.count, 5);
+    assert_eq!(row.latency[Latency::Fork].latency.count, 0);
     assert_eq!(row.forks_per_accept, Some(0.0));
     server.stop();
 }
@@ -124,16 +132,16 @@ fn children_that_exec_are_counted() {
     s.collect();
 
     let a = &s.collector.table().get(server.pid).unwrap().activity;
-    assert_eq!(a.fork.total.count(), 3);
-    assert_eq!(a.children_exec.total, 3);
-    assert_eq!(a.child_lifetime.total.count(), 3);
+    assert_eq!(a.latency[Latency::Fork].total.count(), 3);
+    assert_eq!(a.counts[Count::ChildrenExec].total, 3);
+    assert_eq!(a.latency[Latency::ChildLifetime].total.count(), 3);
     let r = report(&s);
     let children = r
         .roles
         .iter()
         .find(|r| r.role == "true")
         .expect("the exec'd children's role");
-    assert_eq!(children.execs.total, 3);
+    assert_eq!(children.counts[Count::Execs].total, 3);
     server.stop();
 }
 
@@ -161,9 +169,15 @@ fn thread_creations_are_all_counted_when_the_ring_buffer_overflows() {
     );
 
     let a = &s.collector.table().get(server.pid).unwrap().activity;
-    assert_eq!(a.thread.total.count(), n, "every thread counted");
     assert_eq!(
-        a.fork.total.count() + a.fork_unknown.total + a.fork_failed.total,
+        a.latency[Latency::Thread].total.count(),
+        n,
+        "every thread counted"
+    );
+    assert_eq!(
+        a.latency[Latency::Fork].total.count()
+            + a.counts[Count::ForkUnknown].total
+            + a.counts[Count::ForkFailed].total,
         0
     );
     server.stop();
@@ -209,18 +223,26 @@ fn every_fork_hook_this_kernel_offers_counts_the_same_forks_and_the_best_is_the_
         s.collect();
         let a = &s.collector.table().get(server.pid).unwrap().activity;
         assert_eq!(
-            a.fork.total.count(),
+            a.latency[Latency::Fork].total.count(),
             n,
             "{hook:?}: one process per connection"
         );
-        assert_eq!(a.thread.total.count(), 5, "{hook:?}: threads");
-        assert_eq!(a.fork_unknown.total + a.fork_failed.total, 0, "{hook:?}");
         assert_eq!(
-            a.child_lifetime.total.count(),
+            a.latency[Latency::Thread].total.count(),
+            5,
+            "{hook:?}: threads"
+        );
+        assert_eq!(
+            a.counts[Count::ForkUnknown].total + a.counts[Count::ForkFailed].total,
+            0,
+            "{hook:?}"
+        );
+        assert_eq!(
+            a.latency[Latency::ChildLifetime].total.count(),
             n,
             "{hook:?}: every child's exit"
         );
-        let fork = a.fork.total.summary();
+        let fork = a.latency[Latency::Fork].total.summary();
         assert!(
             fork.min_ns > 0 && fork.max_ns < 1_000_000_000,
             "{hook:?}: {fork:?}"

@@ -9,6 +9,7 @@
 
 mod support;
 
+use stackprobe_model::measure::Latency;
 use std::{
     net::{TcpListener, TcpStream},
     thread,
@@ -87,8 +88,12 @@ fn measure() -> Result<(), String> {
         .get(std::process::id())
         .expect("the test process");
     let n = low.len() as u64;
-    assert_eq!(me.activity.accept.total.count(), n, "every accept counted");
-    let wait = &me.activity.accept_queue.total;
+    assert_eq!(
+        me.activity.latency[Latency::Accept].total.count(),
+        n,
+        "every accept counted"
+    );
+    let wait = &me.activity.latency[Latency::AcceptQueue].total;
     let got = wait.summary();
     assert_eq!(got.count, n, "every queue wait counted");
 

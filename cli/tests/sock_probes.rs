@@ -3,6 +3,7 @@
 
 mod support;
 
+use stackprobe_model::measure::Latency;
 use std::{
     path::Path,
     process::Command,
@@ -376,8 +377,8 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
         server.accept_queued(2, true, "accept");
         s.collect();
         let a = &s.collector.table().get(server.pid).unwrap().activity;
-        assert_eq!(a.accept.total.count(), 7, "{hook:?}");
-        let prompt = a.accept_queue.total.summary();
+        assert_eq!(a.latency[Latency::Accept].total.count(), 7, "{hook:?}");
+        let prompt = a.latency[Latency::AcceptQueue].total.summary();
         assert_eq!(prompt.count, 5, "{hook:?}");
         assert!(
             prompt.max_ns < 100_000_000,
@@ -398,7 +399,7 @@ fn accept_queue_wait_is_the_time_a_connection_waited_to_be_accepted_on_every_hoo
             .get(server.pid)
             .unwrap()
             .activity
-            .accept_queue
+            .latency[Latency::AcceptQueue]
             .total;
         assert_eq!(all.count(), 6, "{hook:?}");
         let slow = all.summary().max_ns;

@@ -3,6 +3,7 @@
 
 use super::{
     histogram::duration,
+    measure::Latency,
     report::{PathComparison, Report, ReportKind, RoleRow},
     roles::{self, Kind},
 };
@@ -27,10 +28,13 @@ fn accept_queue(role: &RoleRow) -> String {
     let wait = format!(
         "{}: connections wait {} (p99) in the accept queue",
         role.role,
-        duration(role.accept_queue.latency.p99_ns)
+        duration(role.latency[Latency::AcceptQueue].latency.p99_ns)
     );
-    let fork = if role.fork.latency.count > 0 {
-        format!(" (a fork takes {} p50)", duration(role.fork.latency.p50_ns))
+    let fork = if role.latency[Latency::Fork].latency.count > 0 {
+        format!(
+            " (a fork takes {} p50)",
+            duration(role.latency[Latency::Fork].latency.p50_ns)
+        )
     } else {
         String::new()
     };
@@ -58,26 +62,26 @@ fn accept_queue(role: &RoleRow) -> String {
 pub fn insights(report: &Report) -> Vec<String> {
     let mut out = Vec::new();
     for role in &report.roles {
-        let accepts = role.accept.latency.count;
+        let accepts = role.latency[Latency::Accept].latency.count;
         if let Some(ratio) = role.forks_per_accept
             && accepts >= MIN_ACCEPTS
             && ratio >= 0.9
         {
-            let lifetime = if role.child_lifetime.latency.count > 0 {
+            let lifetime = if role.latency[Latency::ChildLifetime].latency.count > 0 {
                 format!(
                     " and its children live {}",
-                    duration(role.child_lifetime.latency.p50_ns)
+                    duration(role.latency[Latency::ChildLifetime].latency.p50_ns)
                 )
             } else {
                 String::new()
             };
             out.push(format!(
                     "{} forks {:.2} processes per accepted connection ({:.0}/s){lifetime}: use persistent connections or a pooler",
-                    role.role, ratio, role.fork.rate_per_s
+                    role.role, ratio, role.latency[Latency::Fork].rate_per_s
                 ));
         }
-        if role.accept_queue.latency.count >= MIN_ACCEPTS
-            && role.accept_queue.latency.p99_ns >= MIN_QUEUE_WAIT_NS
+        if role.latency[Latency::AcceptQueue].latency.count >= MIN_ACCEPTS
+            && role.latency[Latency::AcceptQueue].latency.p99_ns >= MIN_QUEUE_WAIT_NS
         {
             out.push(accept_queue(role));
         }

@@ -12,6 +12,7 @@ pub mod histogram;
 pub mod insights;
 pub mod kernel_hist;
 pub mod links;
+pub mod measure;
 pub mod probe_stats;
 pub mod process;
 pub mod report;

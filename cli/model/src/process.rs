@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 use super::{
     containers::{self, Container},
     counter::Counter,
-    event::{Event, ExecSample, ExitSample, HistDelta, HistMetric, SpawnSample, TaskKind},
+    event::{Event, ExecSample, ExitSample, HistDelta, SpawnSample, TaskKind},
     histogram::LatencyHistogram,
     links::LinkTable,
+    measure::{Count, Counts, DestinationCount, Feeds, Latencies, Latency, Per},
     roles,
 };
 
@@ -89,36 +90,16 @@ impl Metric {
     }
 }
 
-/// Everything measured about one process (or, summed, about a role).
+/// Everything measured about one process (or, summed, about a role): each
+/// declared latency and count, and the per-listener and per-destination
+/// breakdowns of those declared so.
 #[derive(Clone, Debug, Default)]
 pub struct Activity {
-    pub accept: Metric,
-    /// Accepts whose latency is unknown: their thread was already blocked
-    /// in accept() when the probes attached.
-    pub accept_untimed: Counter,
-    /// Accept-queue wait of the connections accepted.
-    pub accept_queue: Metric,
-    /// Latency of clones that created a process (count = processes forked).
-    pub fork: Metric,
-    /// Latency of clones that created a thread (count = threads created).
-    pub thread: Metric,
-    /// Clones whose kind was not seen (started before the probes attached).
-    pub fork_unknown: Counter,
-    /// Failed clone/fork calls.
-    pub fork_failed: Counter,
-    /// Lifetimes (fork → exit) of this process's children.
-    pub child_lifetime: Metric,
-    /// Execs by this process itself.
-    pub execs: Counter,
-    /// Children of this process that exec'd.
-    pub children_exec: Counter,
-    /// Processes that exited (counted on roles, as their members retire).
-    pub exited: Counter,
-    /// `accept` and `accept_queue` per listening socket accepted from, by
-    /// its address or path.
+    pub latency: Latencies<Metric>,
+    pub counts: Counts<Counter>,
+    /// The [`Per::Listener`] latencies per listening socket accepted from,
+    /// by its address or path.
     pub listeners: BTreeMap<String, ListenerActivity>,
-    /// Successful connects to any destination.
-    pub connect: Metric,
     /// Connects per destination (TCP address:port or unix path).
     pub connects: BTreeMap<String, ConnectActivity>,
 }
@@ -168,56 +149,33 @@ fn bounded_entry<'a, T: Default>(
     map.entry(name.to_string()).or_default()
 }
 
-/// What one listening socket's accepts measured.
+/// What one listening socket's accepts measured: its [`Per::Listener`]
+/// latencies (the others stay empty).
 #[derive(Clone, Debug, Default)]
 pub struct ListenerActivity {
-    pub accept: Metric,
-    pub accept_queue: Metric,
+    pub latency: Latencies<Metric>,
 }
 
 impl ListenerActivity {
     fn add(&mut self, other: &ListenerActivity, span: Span) {
-        self.accept.add(&other.accept, span);
-        self.accept_queue.add(&other.accept_queue, span);
+        for (l, m) in self.latency.iter_mut() {
+            m.add(&other.latency[l], span);
+        }
+    }
+
+    fn reset_interval(&mut self) {
+        for (_, m) in self.latency.iter_mut() {
+            m.reset_interval();
+        }
     }
 }
 
 impl Activity {
-    /// Each latency metric by the name recordings use.
-    pub fn metrics(&self) -> [(&'static str, &Metric); 6] {
-        [
-            ("accept", &self.accept),
-            ("accept_queue", &self.accept_queue),
-            ("fork", &self.fork),
-            ("thread", &self.thread),
-            ("child_lifetime", &self.child_lifetime),
-            ("connect", &self.connect),
-        ]
-    }
-
     /// Nothing recorded since the start.
     pub fn is_empty(&self) -> bool {
-        [
-            &self.accept,
-            &self.accept_queue,
-            &self.fork,
-            &self.thread,
-            &self.child_lifetime,
-            &self.connect,
-        ]
-        .iter()
-        .all(|m| m.total.is_empty())
+        self.latency.iter().all(|(_, m)| m.total.is_empty())
+            && self.counts.iter().all(|(_, c)| c.total == 0)
             && self.connects.values().all(ConnectActivity::is_empty)
-            && [
-                self.accept_untimed,
-                self.fork_unknown,
-                self.fork_failed,
-                self.execs,
-                self.children_exec,
-                self.exited,
-            ]
-            .iter()
-            .all(|c| c.total == 0)
     }
 
     /// The listener `name`'s numbers (past [`MAX_LISTENERS`], those of
@@ -241,46 +199,52 @@ impl Activity {
         for (name, l) in &other.listeners {
             self.listener(name).add(l, span);
         }
-        self.connect.add(&other.connect, span);
         for (name, c) in &other.connects {
             self.destination(name).add(c, span);
         }
-        self.accept.add(&other.accept, span);
-        self.accept_untimed.add_counter(&other.accept_untimed);
-        self.accept_queue.add(&other.accept_queue, span);
-        self.fork.add(&other.fork, span);
-        self.thread.add(&other.thread, span);
-        self.fork_unknown.add_counter(&other.fork_unknown);
-        self.fork_failed.add_counter(&other.fork_failed);
-        self.child_lifetime.add(&other.child_lifetime, span);
-        self.execs.add_counter(&other.execs);
-        self.children_exec.add_counter(&other.children_exec);
-        self.exited.add_counter(&other.exited);
+        for (l, m) in self.latency.iter_mut() {
+            m.add(&other.latency[l], span);
+        }
+        for (c, n) in self.counts.iter_mut() {
+            n.add_counter(&other.counts[c]);
+        }
     }
 
     fn reset_interval(&mut self) {
-        self.accept.reset_interval();
-        self.accept_queue.reset_interval();
-        for l in self.listeners.values_mut() {
-            l.accept.reset_interval();
-            l.accept_queue.reset_interval();
+        for (_, m) in self.latency.iter_mut() {
+            m.reset_interval();
         }
-        self.connect.reset_interval();
+        for l in self.listeners.values_mut() {
+            l.reset_interval();
+        }
         for c in self.connects.values_mut() {
             c.reset_interval();
         }
-        self.fork.reset_interval();
-        self.thread.reset_interval();
-        self.child_lifetime.reset_interval();
-        for c in [
-            &mut self.accept_untimed,
-            &mut self.fork_unknown,
-            &mut self.fork_failed,
-            &mut self.execs,
-            &mut self.children_exec,
-            &mut self.exited,
-        ] {
+        for (_, c) in self.counts.iter_mut() {
             c.interval = 0;
+        }
+    }
+
+    /// Records what a kernel histogram gained, where its declaration says.
+    fn record_kernel(&mut self, d: &HistDelta) {
+        let listener = || d.path.as_deref().unwrap_or(UNKNOWN_LISTENER);
+        let destination = || d.path.as_deref().unwrap_or(UNKNOWN_DESTINATION);
+        match Feeds::of(d.metric) {
+            Feeds::Latency(l) => {
+                self.latency[l].record_kernel(d);
+                match l.decl().per {
+                    Per::Process => {}
+                    Per::Listener => self.listener(listener()).latency[l].record_kernel(d),
+                    Per::Destination => self.destination(destination()).latency.record_kernel(d),
+                }
+            }
+            Feeds::Count(c) => self.counts[c].add(d.count),
+            Feeds::Destination(DestinationCount::Refused) => {
+                self.destination(destination()).refused.add(d.count);
+            }
+            Feeds::Destination(DestinationCount::Failed) => {
+                self.destination(destination()).failed.add(d.count);
+            }
         }
     }
 }
@@ -419,29 +383,7 @@ impl ProcessTable {
                 &mut self.entry(d.tgid, &name).activity
             }
         };
-        let listener = || d.path.as_deref().unwrap_or(UNKNOWN_LISTENER);
-        let destination = || d.path.as_deref().unwrap_or(UNKNOWN_DESTINATION);
-        match d.metric {
-            HistMetric::Accept => {
-                a.accept.record_kernel(d);
-                a.listener(listener()).accept.record_kernel(d);
-            }
-            HistMetric::AcceptQueue => {
-                a.accept_queue.record_kernel(d);
-                a.listener(listener()).accept_queue.record_kernel(d);
-            }
-            HistMetric::Fork => a.fork.record_kernel(d),
-            HistMetric::Thread => a.thread.record_kernel(d),
-            HistMetric::ForkUnknown => a.fork_unknown.add(d.count),
-            HistMetric::ForkFailed => a.fork_failed.add(d.count),
-            HistMetric::AcceptUntimed => a.accept_untimed.add(d.count),
-            HistMetric::Connect => {
-                a.connect.record_kernel(d);
-                a.destination(destination()).latency.record_kernel(d);
-            }
-            HistMetric::ConnectRefused => a.destination(destination()).refused.add(d.count),
-            HistMetric::ConnectFailed => a.destination(destination()).failed.add(d.count),
-        }
+        a.record_kernel(d);
     }
 
     fn record_spawn(&mut self, s: &SpawnSample) {
@@ -474,11 +416,11 @@ impl ProcessTable {
             proc.name.clone_from(&s.comm);
             // The title set before exec belonged to the old program.
             proc.title = None;
-            proc.activity.execs.bump();
+            proc.activity.counts[Count::Execs].bump();
             proc.parent.as_ref().map(|(pid, _)| *pid)
         };
         if let Some(parent) = parent.and_then(|p| self.procs.get_mut(&p)) {
-            parent.activity.children_exec.bump();
+            parent.activity.counts[Count::ChildrenExec].bump();
         }
     }
 
@@ -489,11 +431,11 @@ impl ProcessTable {
         if let (Some(born), Some((parent, parent_name))) = (proc.born_ns, proc.parent.clone()) {
             let lifetime = s.ts_ns.saturating_sub(born);
             match self.procs.get_mut(&parent) {
-                Some(p) => p.activity.child_lifetime.record(lifetime),
+                Some(p) => p.activity.latency[Latency::ChildLifetime].record(lifetime),
                 None => {
                     // The parent is gone: credit its role's totals.
                     let role = roles::role(&parent_name, None, None, true);
-                    self.retired_role(role).child_lifetime.record(lifetime);
+                    self.retired_role(role).latency[Latency::ChildLifetime].record(lifetime);
                 }
             }
         }
@@ -509,7 +451,7 @@ impl ProcessTable {
             self.links.remember_role(pid, role.clone());
             let retired = self.retired_role(role);
             retired.add(&proc.activity, Span::Whole);
-            retired.exited.bump();
+            retired.counts[Count::Exited].bump();
         }
     }
 
@@ -672,7 +614,7 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::kernel_hist;
+    use crate::{event::HistMetric, fixtures::kernel_hist};
 
     /// One accept of `ns` by `tgid`, as a read of the kernel's histograms hands it over.
     fn accept(tgid: u32, ns: u64) -> Event {
@@ -716,8 +658,18 @@ mod tests {
         t.apply(&accept(10, 100));
         t.apply(&accept(10, 300));
         t.apply(&accept(11, 50));
-        assert_eq!(t.get(10).unwrap().activity.accept.total.count(), 2);
-        assert_eq!(t.get(11).unwrap().activity.accept.total.count(), 1);
+        assert_eq!(
+            t.get(10).unwrap().activity.latency[Latency::Accept]
+                .total
+                .count(),
+            2
+        );
+        assert_eq!(
+            t.get(11).unwrap().activity.latency[Latency::Accept]
+                .total
+                .count(),
+            1
+        );
         assert_eq!(t.get(10).unwrap().name, "srv10");
     }
 
@@ -753,15 +705,21 @@ mod tests {
         // A process first heard of through a histogram gets a placeholder name.
         t.apply(&hist(12, HistMetric::Accept, 1));
         let a = &t.get(10).unwrap().activity;
-        assert_eq!(a.accept.total.count(), 6);
-        assert_eq!(a.accept.total.summary().min_ns, 100);
-        assert_eq!(a.accept.total.sum_ns(), 100 + 5 * 2_000);
-        assert_eq!(a.accept_queue.total.count(), 4);
-        assert_eq!(a.fork.total.count(), 3);
-        assert_eq!(a.thread.total.count(), 2);
-        assert_eq!((a.fork_unknown.total, a.fork_failed.total), (6, 7));
+        assert_eq!(a.latency[Latency::Accept].total.count(), 6);
+        assert_eq!(a.latency[Latency::Accept].total.summary().min_ns, 100);
+        assert_eq!(a.latency[Latency::Accept].total.sum_ns(), 100 + 5 * 2_000);
+        assert_eq!(a.latency[Latency::AcceptQueue].total.count(), 4);
+        assert_eq!(a.latency[Latency::Fork].total.count(), 3);
+        assert_eq!(a.latency[Latency::Thread].total.count(), 2);
+        assert_eq!(
+            (
+                a.counts[Count::ForkUnknown].total,
+                a.counts[Count::ForkFailed].total
+            ),
+            (6, 7)
+        );
         // Untimed accepts are counted apart: no sample joins the latencies.
-        assert_eq!(a.accept_untimed.total, 8);
+        assert_eq!(a.counts[Count::AcceptUntimed].total, 8);
         assert_eq!(t.get(10).unwrap().name, "srv10");
         assert_eq!(t.get(12).unwrap().name, "[12]");
     }
@@ -778,13 +736,18 @@ mod tests {
         );
         let roles = t.roles(Span::Whole);
         let (_, a) = &roles["srv10"];
-        assert_eq!(a.accept.total.count(), 4);
-        assert_eq!(a.exited.total, 1);
+        assert_eq!(a.latency[Latency::Accept].total.count(), 4);
+        assert_eq!(a.counts[Count::Exited].total, 1);
         // Two intervals on, the pid is taken to be a new process's.
         t.reset_interval();
         t.reset_interval();
         t.apply(&hist(10, HistMetric::Accept, 1));
-        assert_eq!(t.get(10).unwrap().activity.accept.total.count(), 1);
+        assert_eq!(
+            t.get(10).unwrap().activity.latency[Latency::Accept]
+                .total
+                .count(),
+            1
+        );
     }
 
     #[test]
@@ -793,7 +756,7 @@ mod tests {
         t.apply(&accept(10, 100));
         t.reset_interval();
         t.apply(&accept(10, 200));
-        let a = &t.get(10).unwrap().activity.accept;
+        let a = &t.get(10).unwrap().activity.latency[Latency::Accept];
         assert_eq!((a.interval.count(), a.total.count()), (1, 2));
     }
 
@@ -817,10 +780,10 @@ mod tests {
         t.apply(&fork(1, 200, TaskKind::Thread, 20_000));
         t.apply(&fork(1, -11, TaskKind::Process, 1_000));
         let a = &t.get(1).unwrap().activity;
-        assert_eq!(a.fork.total.count(), 3);
-        assert_eq!(a.thread.total.count(), 1);
-        assert_eq!(a.fork_failed.total, 1);
-        let life = a.child_lifetime.total.summary();
+        assert_eq!(a.latency[Latency::Fork].total.count(), 3);
+        assert_eq!(a.latency[Latency::Thread].total.count(), 1);
+        assert_eq!(a.counts[Count::ForkFailed].total, 1);
+        let life = a.latency[Latency::ChildLifetime].total.summary();
         assert_eq!(
             (life.count, life.min_ns, life.max_ns),
             (3, 50_000_000, 50_000_000)
@@ -843,12 +806,12 @@ mod tests {
         let (pids, backend) = &roles["postgres backend"];
         assert_eq!(pids, &[51]);
         assert_eq!(
-            backend.fork.total.count(),
+            backend.latency[Latency::Fork].total.count(),
             1,
             "the exited backend's fork stays counted"
         );
         assert_eq!(roles["postgres postmaster"].0, [1]);
-        assert_eq!(backend.exited.total, 1);
+        assert_eq!(backend.counts[Count::Exited].total, 1);
         assert_eq!(t.children_alive(1), 1);
     }
 
@@ -861,10 +824,12 @@ mod tests {
         // Its exit was lost; pid 77 comes back as another child.
         t.apply(&spawn(1, 77, "srv", 1_000));
         let p = t.get(77).unwrap();
-        assert_eq!(p.activity.accept.total.count(), 0);
+        assert_eq!(p.activity.latency[Latency::Accept].total.count(), 0);
         assert_eq!(p.born_ns, Some(1_000));
         assert_eq!(
-            t.roles(Span::Whole)["srv worker"].1.accept.total.count(),
+            t.roles(Span::Whole)["srv worker"].1.latency[Latency::Accept]
+                .total
+                .count(),
             1,
             "the old one retired"
         );
@@ -892,7 +857,12 @@ mod tests {
         // pid replaces its predecessor), and one role holds all the retired rest.
         assert!(t.len() <= 30_001, "{}", t.len());
         assert_eq!(t.retired_roles(), 1);
-        assert_eq!(t.get(1).unwrap().activity.fork.total.count(), 200_000);
+        assert_eq!(
+            t.get(1).unwrap().activity.latency[Latency::Fork]
+                .total
+                .count(),
+            200_000
+        );
     }
 
     #[test]
@@ -931,8 +901,8 @@ mod tests {
         t.sync_watched(&[live(1, "nginx")]);
         assert!(t.get(2).is_none());
         let worker = &t.roles(Span::Whole)["nginx worker"].1;
-        assert_eq!(worker.accept.total.count(), 1);
-        assert_eq!(worker.exited.total, 1);
+        assert_eq!(worker.latency[Latency::Accept].total.count(), 1);
+        assert_eq!(worker.counts[Count::Exited].total, 1);
     }
 
     #[test]
@@ -951,9 +921,14 @@ mod tests {
         ]);
         t.apply(&spawn(1, 5, "srv", 1_000));
         t.apply(&exit(5, 51_000));
-        assert_eq!(t.get(1).unwrap().activity.child_lifetime.total.count(), 1);
         assert_eq!(
-            t.roles(Span::Whole)["srv worker"].1.exited.total,
+            t.get(1).unwrap().activity.latency[Latency::ChildLifetime]
+                .total
+                .count(),
+            1
+        );
+        assert_eq!(
+            t.roles(Span::Whole)["srv worker"].1.counts[Count::Exited].total,
             1,
             "retired once, not twice"
         );
@@ -968,10 +943,7 @@ mod tests {
         t.sync_watched(&[live(1, "srv")]);
         t.apply(&exit(6, 2_001_000));
         assert_eq!(
-            t.get(1)
-                .unwrap()
-                .activity
-                .child_lifetime
+            t.get(1).unwrap().activity.latency[Latency::ChildLifetime]
                 .total
                 .summary()
                 .max_ns,
@@ -989,8 +961,11 @@ mod tests {
             ts_ns: 5,
             comm: "true".into(),
         }));
-        assert_eq!(t.get(1).unwrap().activity.children_exec.total, 1);
-        assert_eq!(t.get(9).unwrap().activity.execs.total, 1);
+        assert_eq!(
+            t.get(1).unwrap().activity.counts[Count::ChildrenExec].total,
+            1
+        );
+        assert_eq!(t.get(9).unwrap().activity.counts[Count::Execs].total, 1);
         assert_eq!(t.get(9).unwrap().role(), "true");
     }
 
@@ -1039,11 +1014,9 @@ mod tests {
         assert_eq!(role_names(&t), ["php-fpm8.2 master", "php-fpm8.2 pool www"]);
         let (pids, pool) = &t.roles(Span::Whole)["php-fpm8.2 pool www"];
         assert_eq!(pids, &[2, 3]);
-        assert_eq!(pool.accept.total.count(), 5);
+        assert_eq!(pool.latency[Latency::Accept].total.count(), 5);
         assert_eq!(
-            t.roles(Span::Interval)["php-fpm8.2 pool www"]
-                .1
-                .accept
+            t.roles(Span::Interval)["php-fpm8.2 pool www"].1.latency[Latency::Accept]
                 .interval
                 .count(),
             1
@@ -1052,9 +1025,7 @@ mod tests {
         t.apply(&exit(3, 10));
         assert_eq!(role_names(&t), ["php-fpm8.2 master", "php-fpm8.2 pool www"]);
         assert_eq!(
-            t.roles(Span::Whole)["php-fpm8.2 pool www"]
-                .1
-                .accept
+            t.roles(Span::Whole)["php-fpm8.2 pool www"].1.latency[Latency::Accept]
                 .total
                 .count(),
             5
@@ -1073,7 +1044,13 @@ mod tests {
         t.apply(&exit(3, 10));
         assert_eq!(role_names(&t), ["php-fpm8.2 master", "php-fpm8.2 pool www"]);
         let pool = &t.roles(Span::Whole)["php-fpm8.2 pool www"].1;
-        assert_eq!((pool.accept.total.count(), pool.exited.total), (2, 1));
+        assert_eq!(
+            (
+                pool.latency[Latency::Accept].total.count(),
+                pool.counts[Count::Exited].total
+            ),
+            (2, 1)
+        );
         // With pools of two names, which one it served is not known.
         t.sync_watched(&[
             fpm(1, None, MASTER_TITLE),
@@ -1103,6 +1080,12 @@ mod tests {
         assert_eq!(role_names(&t), ["php-fpm8.2 master", "php-fpm8.2 pool www"]);
         let (pids, master) = &t.roles(Span::Whole)["php-fpm8.2 master"];
         assert_eq!(pids, &[2]);
-        assert_eq!((master.exited.total, master.thread.total.count()), (1, 1));
+        assert_eq!(
+            (
+                master.counts[Count::Exited].total,
+                master.latency[Latency::Thread].total.count()
+            ),
+            (1, 1)
+        );
     }
 }

@@ -10,6 +10,7 @@ use super::{
     counter::Counter,
     histogram::{LatencyHistogram, Log2Bucket, Summary},
     links::Side,
+    measure::{Count, Counts, Latencies, Latency, ListenerLatencies},
     probe_stats::{Drops, ProgramCost, RungInUse},
     process::{Activity, Metric, ProcessTable, Span},
     sockets::netns_suffix,
@@ -95,37 +96,21 @@ pub struct RoleRow {
     pub processes: usize,
     /// Some of their pids (at most [`PIDS_SHOWN`]).
     pub pids: Vec<u32>,
-    pub accept: MetricRow,
-    /// Accepts with no latency sample: their thread was already blocked in
-    /// accept() when the probes attached, so their start is unknown. Not in
-    /// `accept`; accepted connections are both together.
-    pub accept_untimed: CountRow,
-    /// Accept-queue wait: from the handshake completing to the accept
-    /// returning the connection (TCP connections to watched listeners).
-    pub accept_queue: MetricRow,
-    /// Clones that created a process: fork latency as the parent sees it.
-    pub fork: MetricRow,
-    /// Clones that created a thread.
-    pub thread: MetricRow,
-    /// Clones started before the probes attached (kind not seen).
-    pub fork_unknown: CountRow,
-    pub fork_failed: CountRow,
+    /// Each declared latency ([`crate::measure::LATENCIES`]), a field of
+    /// its own in JSON.
+    #[serde(flatten)]
+    pub latency: Latencies<MetricRow>,
+    /// Each declared count ([`crate::measure::COUNTS`]), likewise.
+    #[serde(flatten)]
+    pub counts: Counts<CountRow>,
     /// Processes forked per accepted connection over the period (null
     /// without accepts).
     pub forks_per_accept: Option<f64>,
     /// Children of the role's processes alive now.
     pub children_alive: usize,
-    /// Lifetime (fork → exit) of the role's children that exited in the period.
-    pub child_lifetime: MetricRow,
-    pub execs: CountRow,
-    pub children_exec: CountRow,
-    /// Processes of this role that exited.
-    pub exited: CountRow,
     /// `accept` and `accept_queue` per listening socket the role's
     /// processes accepted from, busiest first.
     pub listeners: Vec<ListenerLatencyRow>,
-    /// Successful connects to any destination (see [`ConnectRow`]).
-    pub connect: MetricRow,
     /// The role's connects per destination, busiest first.
     pub connects: Vec<ConnectRow>,
 }
@@ -191,8 +176,8 @@ fn compare_paths(roles: &[RoleRow]) -> Vec<PathComparison> {
         connect: c.latency.latency,
         refused: c.refused.count,
         failed: c.failed.count,
-        accept: l.accept.latency,
-        accept_queue: l.accept_queue.latency,
+        accept: l.latency[Latency::Accept].latency,
+        accept_queue: l.latency[Latency::AcceptQueue].latency,
     };
     for client in roles {
         let by_kind = |kind: &'static str| client.connects.iter().filter(move |c| c.path == kind);
@@ -222,8 +207,9 @@ pub struct ListenerLatencyRow {
     /// `127.0.0.1:5432`, `[::1]:80`, a unix socket's path (`@name` in the
     /// abstract namespace), or `(unknown listener)`.
     pub listener: String,
-    pub accept: MetricRow,
-    pub accept_queue: MetricRow,
+    /// The latencies declared [`Per::Listener`] (accept, accept_queue).
+    #[serde(flatten)]
+    pub latency: ListenerLatencies<MetricRow>,
     /// A TCP listener's connections waiting to be accepted now, and the
     /// limit, as the last walk of the sockets found them; null for a unix
     /// socket (the walk covers TCP only) or a listener it did not find.
@@ -238,25 +224,8 @@ impl RoleRow {
     /// all exited before it, or that was only ever a name. It has no row.
     fn is_empty(&self) -> bool {
         self.processes == 0
-            && [
-                &self.accept,
-                &self.accept_queue,
-                &self.fork,
-                &self.thread,
-                &self.child_lifetime,
-            ]
-            .iter()
-            .all(|m| m.latency.count == 0)
-            && [
-                self.accept_untimed,
-                self.fork_unknown,
-                self.fork_failed,
-                self.execs,
-                self.children_exec,
-                self.exited,
-            ]
-            .iter()
-            .all(|c| c.count == 0)
+            && self.latency.iter().all(|(_, m)| m.latency.count == 0)
+            && self.counts.iter().all(|(_, c)| c.count == 0)
             && self
                 .connects
                 .iter()
@@ -425,8 +394,8 @@ impl Report {
             .filter(|row| !row.is_empty())
             .collect();
         roles.sort_by(|a, b| {
-            (b.accept.total + b.fork.total)
-                .cmp(&(a.accept.total + a.fork.total))
+            (b.latency[Latency::Accept].total + b.latency[Latency::Fork].total)
+                .cmp(&(a.latency[Latency::Accept].total + a.latency[Latency::Fork].total))
                 .then(b.processes.cmp(&a.processes))
                 .then(a.role.cmp(&b.role))
         });
@@ -435,10 +404,11 @@ impl Report {
         let mut processes: Vec<ProcessRow> = table
             .iter()
             .filter(|proc| {
-                !proc.activity.accept.total.is_empty() || proc.activity.accept_untimed.total > 0
+                !proc.activity.latency[Latency::Accept].total.is_empty()
+                    || proc.activity.counts[Count::AcceptUntimed].total > 0
             })
             .map(|proc| {
-                let accept = p.metric(&proc.activity.accept);
+                let accept = p.metric(&proc.activity.latency[Latency::Accept]);
                 ProcessRow {
                     process: proc.name.clone(),
                     pid: proc.pid,
@@ -448,10 +418,10 @@ impl Report {
                     metric: ACCEPT_METRIC,
                     rate_per_s: accept.rate_per_s,
                     total: accept.total,
-                    untimed: proc.activity.accept_untimed.total,
+                    untimed: proc.activity.counts[Count::AcceptUntimed].total,
                     latency: accept.latency,
                     log2_buckets: accept.log2_buckets,
-                    forks: p.hist(&proc.activity.fork).count(),
+                    forks: p.hist(&proc.activity.latency[Latency::Fork]).count(),
                     children_alive: table.children_alive(proc.pid),
                 }
             })
@@ -582,31 +552,21 @@ fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
 }
 
 fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Activity) -> RoleRow {
-    let accept = p.metric(&a.accept);
-    let fork = p.metric(&a.fork);
-    let accept_untimed = p.count(&a.accept_untimed);
-    let accepted = accept.latency.count + accept_untimed.count;
-    let forks_per_accept = (accepted > 0).then(|| fork.latency.count as f64 / accepted as f64);
+    let latency = a.latency.map(|m| p.metric(m));
+    let counts = a.counts.map(|c| p.count(c));
+    let accepted = latency[Latency::Accept].latency.count + counts[Count::AcceptUntimed].count;
+    let forks = latency[Latency::Fork].latency.count;
+    let forks_per_accept = (accepted > 0).then(|| forks as f64 / accepted as f64);
     RoleRow {
         container: containers::split_role(&role).1.map(str::to_string),
         role,
         processes: pids.len(),
         pids: pids.iter().copied().take(PIDS_SHOWN).collect(),
-        accept,
-        accept_untimed,
-        accept_queue: p.metric(&a.accept_queue),
-        fork,
-        thread: p.metric(&a.thread),
-        fork_unknown: p.count(&a.fork_unknown),
-        fork_failed: p.count(&a.fork_failed),
+        latency,
+        counts,
         forks_per_accept,
         children_alive: pids.iter().map(|&pid| table.children_alive(pid)).sum(),
-        child_lifetime: p.metric(&a.child_lifetime),
-        execs: p.count(&a.execs),
-        children_exec: p.count(&a.children_exec),
-        exited: p.count(&a.exited),
         listeners: listener_rows(p, a),
-        connect: p.metric(&a.connect),
         connects: connect_rows(p, a),
     }
 }
@@ -668,16 +628,15 @@ fn listener_rows(p: &Period, a: &Activity) -> Vec<ListenerLatencyRow> {
         .iter()
         .map(|(name, l)| ListenerLatencyRow {
             listener: name.clone(),
-            accept: p.metric(&l.accept),
-            accept_queue: p.metric(&l.accept_queue),
+            latency: ListenerLatencies(l.latency.map(|m| p.metric(m))),
             backlog: None,
             max_backlog: None,
         })
         .collect();
     rows.sort_by(|a, b| {
-        b.accept
+        b.latency[Latency::Accept]
             .total
-            .cmp(&a.accept.total)
+            .cmp(&a.latency[Latency::Accept].total)
             .then(a.listener.cmp(&b.listener))
     });
     rows
@@ -777,7 +736,13 @@ mod tests {
         let rows: Vec<(&str, u64, u64)> = role
             .listeners
             .iter()
-            .map(|l| (l.listener.as_str(), l.accept.total, l.accept_queue.total))
+            .map(|l| {
+                (
+                    l.listener.as_str(),
+                    l.latency[Latency::Accept].total,
+                    l.latency[Latency::AcceptQueue].total,
+                )
+            })
             .collect();
         assert_eq!(
             rows,
@@ -789,10 +754,10 @@ mod tests {
         );
         assert_eq!(
             rows.iter().map(|r| r.1).sum::<u64>(),
-            role.accept.total,
+            role.latency[Latency::Accept].total,
             "every accept in one listener's row"
         );
-        let unix = &role.listeners[2].accept.latency;
+        let unix = &role.listeners[2].latency[Latency::Accept].latency;
         assert!((49_000..=51_000).contains(&unix.p50_ns), "{unix:?}");
     }
 
@@ -855,7 +820,7 @@ mod tests {
                 ("/run/pg/.s.PGSQL.5432", "unix", 30, 0)
             ]
         );
-        assert_eq!(php.connect.total, 60);
+        assert_eq!(php.latency[Latency::Connect].total, 60);
         let [p] = r.paths.as_slice() else {
             panic!("{:?}", r.paths)
         };
@@ -992,15 +957,21 @@ mod tests {
             Drops::default(),
         );
         let master = r.roles.iter().find(|r| r.role == "srv master").unwrap();
-        assert_eq!(master.accept.latency.count, 10);
-        assert_eq!(master.fork.latency.count, 10);
+        assert_eq!(master.latency[Latency::Accept].latency.count, 10);
+        assert_eq!(master.latency[Latency::Fork].latency.count, 10);
         assert_eq!(master.forks_per_accept, Some(1.0));
         assert_eq!(master.children_alive, 3);
-        assert_eq!(master.child_lifetime.latency.count, 7);
-        assert_eq!(master.child_lifetime.latency.p50_ns, 50_000_000);
+        assert_eq!(master.latency[Latency::ChildLifetime].latency.count, 7);
+        assert_eq!(
+            master.latency[Latency::ChildLifetime].latency.p50_ns,
+            50_000_000
+        );
         let workers = r.roles.iter().find(|r| r.role == "srv worker").unwrap();
         assert_eq!(workers.processes, 3);
-        assert_eq!(workers.exited, CountRow { count: 7, total: 7 });
+        assert_eq!(
+            workers.counts[Count::Exited],
+            CountRow { count: 7, total: 7 }
+        );
         assert_eq!(workers.forks_per_accept, None);
     }
 

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use stackprobe_model::measure::Latency;
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Lines, Read, Write},
@@ -92,7 +93,7 @@ impl Session {
         self.collector
             .table()
             .get(pid)
-            .map_or(0, |p| p.activity.accept.total.count())
+            .map_or(0, |p| p.activity.latency[Latency::Accept].total.count())
     }
 }
 

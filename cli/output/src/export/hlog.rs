@@ -69,9 +69,9 @@ impl Interval {
     pub fn of(table: &ProcessTable, start: Duration, duration: Duration) -> Self {
         let mut histograms = Vec::new();
         for (role, (_, activity)) in table.roles(Span::Interval) {
-            for (metric, m) in activity.metrics() {
+            for (l, m) in activity.latency.iter() {
                 if let Some(h) = m.interval.hdr().filter(|h| !h.is_empty()) {
-                    histograms.push((role.clone(), metric, h.clone()));
+                    histograms.push((role.clone(), l.name(), h.clone()));
                 }
             }
         }

@@ -27,6 +27,7 @@ use tokio::{
     net::TcpListener,
 };
 
+use stackprobe_model::measure::Per;
 use stackprobe_model::{
     containers,
     frame::OwnCost,
@@ -211,24 +212,23 @@ impl Snapshot {
                     ));
                 }
             }
-            for (metric, m) in activity.metrics() {
-                // Connects have a family of their own, per destination.
-                if metric == "connect" {
-                    continue;
-                }
-                // Accepts per listener: together they are the role's.
-                let per_listener = matches!(metric, "accept" | "accept_queue");
-                if !per_listener {
-                    histograms.extend(HistogramSample::of(&role, metric, "", m));
-                    continue;
-                }
-                for (listener, l) in &activity.listeners {
-                    let m = if metric == "accept" {
-                        &l.accept
-                    } else {
-                        &l.accept_queue
-                    };
-                    histograms.extend(HistogramSample::of(&role, metric, listener, m));
+            for (l, m) in activity.latency.iter() {
+                let metric = l.name();
+                match l.decl().per {
+                    Per::Process => histograms.extend(HistogramSample::of(&role, metric, "", m)),
+                    // Per listener: together they are the role's.
+                    Per::Listener => {
+                        for (listener, a) in &activity.listeners {
+                            histograms.extend(HistogramSample::of(
+                                &role,
+                                metric,
+                                listener,
+                                &a.latency[l],
+                            ));
+                        }
+                    }
+                    // A family of its own, per destination.
+                    Per::Destination => {}
                 }
             }
         }

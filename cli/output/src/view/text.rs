@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 
+use stackprobe_model::measure::{Count, Latency};
 use stackprobe_model::{
     histogram::{Log2Bucket, Summary, duration},
     probe_stats::Drops,
@@ -98,58 +99,64 @@ fn role_block(r: &RoleRow) -> String {
         if pids.is_empty() { "" } else { ": " },
         pids.join(" ")
     );
-    if r.exited.total > 0 {
-        let _ = write!(out, ", {} exited", r.exited.count);
+    if r.counts[Count::Exited].total > 0 {
+        let _ = write!(out, ", {} exited", r.counts[Count::Exited].count);
     }
     out.push(')');
-    if r.accept.total > 0 {
+    if r.latency[Latency::Accept].total > 0 {
         let _ = write!(
             out,
             "  accepts {} ({:.1}/s)",
-            r.accept.latency.count, r.accept.rate_per_s
+            r.latency[Latency::Accept].latency.count,
+            r.latency[Latency::Accept].rate_per_s
         );
     }
-    if r.accept_untimed.total > 0 {
+    if r.counts[Count::AcceptUntimed].total > 0 {
         let _ = write!(
             out,
             "  accepts of unknown latency {} (blocked in accept() before the probes attached)",
-            r.accept_untimed.count
+            r.counts[Count::AcceptUntimed].count
         );
     }
-    if r.fork.total > 0 {
+    if r.latency[Latency::Fork].total > 0 {
         let _ = write!(
             out,
             "  forks {} ({:.1}/s",
-            r.fork.latency.count, r.fork.rate_per_s
+            r.latency[Latency::Fork].latency.count,
+            r.latency[Latency::Fork].rate_per_s
         );
         if let Some(ratio) = r.forks_per_accept {
             let _ = write!(out, ", {ratio:.2} per accept");
         }
         out.push(')');
     }
-    if r.thread.total > 0 {
-        let _ = write!(out, "  threads {}", r.thread.latency.count);
+    if r.latency[Latency::Thread].total > 0 {
+        let _ = write!(
+            out,
+            "  threads {}",
+            r.latency[Latency::Thread].latency.count
+        );
     }
     for (label, c) in [
-        ("failed forks", r.fork_failed),
-        ("forks of unseen kind", r.fork_unknown),
-        ("execs", r.execs),
-        ("children exec'd", r.children_exec),
+        ("failed forks", r.counts[Count::ForkFailed]),
+        ("forks of unseen kind", r.counts[Count::ForkUnknown]),
+        ("execs", r.counts[Count::Execs]),
+        ("children exec'd", r.counts[Count::ChildrenExec]),
     ] {
         if c.total > 0 {
             let _ = write!(out, "  {label} {}", c.count);
         }
     }
-    if r.fork.total > 0 || r.children_alive > 0 {
+    if r.latency[Latency::Fork].total > 0 || r.children_alive > 0 {
         let _ = write!(out, "  children alive {}", r.children_alive);
     }
     out.push('\n');
     for (label, m) in [
-        ("accept latency", &r.accept),
-        ("accept queue", &r.accept_queue),
-        ("fork latency", &r.fork),
-        ("thread latency", &r.thread),
-        ("child lifetime", &r.child_lifetime),
+        ("accept latency", &r.latency[Latency::Accept]),
+        ("accept queue", &r.latency[Latency::AcceptQueue]),
+        ("fork latency", &r.latency[Latency::Fork]),
+        ("thread latency", &r.latency[Latency::Thread]),
+        ("child lifetime", &r.latency[Latency::ChildLifetime]),
     ] {
         if m.latency.count > 0 {
             let _ = writeln!(out, "  {label:<15} {}", percentile_line(&m.latency));
@@ -159,7 +166,7 @@ fn role_block(r: &RoleRow) -> String {
     let active: Vec<_> = r
         .listeners
         .iter()
-        .filter(|l| l.accept.latency.count > 0)
+        .filter(|l| l.latency[Latency::Accept].latency.count > 0)
         .collect();
     if active.len() > 1 {
         for l in active {
@@ -170,18 +177,20 @@ fn role_block(r: &RoleRow) -> String {
             let _ = writeln!(
                 out,
                 "  from {}  accepts {} ({:.1}/s){backlog}",
-                l.listener, l.accept.latency.count, l.accept.rate_per_s
+                l.listener,
+                l.latency[Latency::Accept].latency.count,
+                l.latency[Latency::Accept].rate_per_s
             );
             let _ = writeln!(
                 out,
                 "    accept latency  {}",
-                percentile_line(&l.accept.latency)
+                percentile_line(&l.latency[Latency::Accept].latency)
             );
-            if l.accept_queue.latency.count > 0 {
+            if l.latency[Latency::AcceptQueue].latency.count > 0 {
                 let _ = writeln!(
                     out,
                     "    accept queue    {}",
-                    percentile_line(&l.accept_queue.latency)
+                    percentile_line(&l.latency[Latency::AcceptQueue].latency)
                 );
             }
         }

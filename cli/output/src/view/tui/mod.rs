@@ -14,6 +14,7 @@ use ratatui::{
     widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Sparkline, Table, TableState, Wrap},
 };
 
+use stackprobe_model::measure::{Count, Latency};
 use stackprobe_model::{
     containers,
     histogram::{Summary, duration},
@@ -132,8 +133,8 @@ impl Dashboard {
         for role in &report.roles {
             let h = self.history.entry(role.role.clone()).or_default();
             h.push_back(Sample {
-                accepts_per_s: role.accept.rate_per_s.round() as u64,
-                accept_p99_us: role.accept.latency.p99_ns / 1000,
+                accepts_per_s: role.latency[Latency::Accept].rate_per_s.round() as u64,
+                accept_p99_us: role.latency[Latency::Accept].latency.p99_ns / 1000,
             });
             while h.len() > HISTORY {
                 h.pop_front();
@@ -234,10 +235,10 @@ impl Dashboard {
         let key = |l: &RoleLine<'_>| -> f64 {
             match self.sort {
                 SortColumn::Role => 0.0,
-                SortColumn::Accepts => l.role.accept.rate_per_s,
-                SortColumn::AcceptP99 => l.role.accept.latency.p99_ns as f64,
-                SortColumn::Forks => l.role.fork.rate_per_s,
-                SortColumn::ForkP99 => l.role.fork.latency.p99_ns as f64,
+                SortColumn::Accepts => l.role.latency[Latency::Accept].rate_per_s,
+                SortColumn::AcceptP99 => l.role.latency[Latency::Accept].latency.p99_ns as f64,
+                SortColumn::Forks => l.role.latency[Latency::Fork].rate_per_s,
+                SortColumn::ForkP99 => l.role.latency[Latency::Fork].latency.p99_ns as f64,
                 SortColumn::TimeWait => l.time_wait as f64,
             }
         };
@@ -416,20 +417,33 @@ fn render_overview(
         };
         cells.extend([
             Cell::from(r.processes.to_string()),
-            Cell::from(format!("{:.0}", r.accept.rate_per_s)),
-            Cell::from(ns(r.accept.latency.p50_ns, r.accept.latency.count)),
-            Cell::from(ns(r.accept.latency.p99_ns, r.accept.latency.count)).style(d.level(
-                r.accept.latency.p99_ns as f64,
+            Cell::from(format!("{:.0}", r.latency[Latency::Accept].rate_per_s)),
+            Cell::from(ns(
+                r.latency[Latency::Accept].latency.p50_ns,
+                r.latency[Latency::Accept].latency.count,
+            )),
+            Cell::from(ns(
+                r.latency[Latency::Accept].latency.p99_ns,
+                r.latency[Latency::Accept].latency.count,
+            ))
+            .style(d.level(
+                r.latency[Latency::Accept].latency.p99_ns as f64,
                 10e6,
                 100e6,
             )),
-            Cell::from(format!("{:.0}", r.fork.rate_per_s)).style(d.level(
-                r.fork.rate_per_s,
+            Cell::from(format!("{:.0}", r.latency[Latency::Fork].rate_per_s)).style(d.level(
+                r.latency[Latency::Fork].rate_per_s,
                 100.0,
                 1000.0,
             )),
-            Cell::from(ns(r.fork.latency.p50_ns, r.fork.latency.count)),
-            Cell::from(ns(r.fork.latency.p99_ns, r.fork.latency.count)),
+            Cell::from(ns(
+                r.latency[Latency::Fork].latency.p50_ns,
+                r.latency[Latency::Fork].latency.count,
+            )),
+            Cell::from(ns(
+                r.latency[Latency::Fork].latency.p99_ns,
+                r.latency[Latency::Fork].latency.count,
+            )),
             Cell::from(r.children_alive.to_string()),
             Cell::from(l.time_wait.to_string()),
             Cell::from(format!("{:.0}", l.time_wait_per_s)).style(d.level(
@@ -534,18 +548,30 @@ fn percentile_row(name: &str, s: &Summary) -> Row<'static> {
 fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'_>) {
     let r = line.role;
     let mut rows = vec![
-        ("accept".to_string(), &r.accept.latency),
-        ("accept queue".to_string(), &r.accept_queue.latency),
-        ("fork".to_string(), &r.fork.latency),
-        ("child life".to_string(), &r.child_lifetime.latency),
+        ("accept".to_string(), &r.latency[Latency::Accept].latency),
+        (
+            "accept queue".to_string(),
+            &r.latency[Latency::AcceptQueue].latency,
+        ),
+        ("fork".to_string(), &r.latency[Latency::Fork].latency),
+        (
+            "child life".to_string(),
+            &r.latency[Latency::ChildLifetime].latency,
+        ),
     ];
     // A role accepting from more than one listener: each one's accepts and
     // queue wait, under the role's.
     if r.listeners.len() > 1 {
         for l in &r.listeners {
-            rows.push((format!("from {}", l.listener), &l.accept.latency));
-            if l.accept_queue.total > 0 {
-                rows.push(("  queue".to_string(), &l.accept_queue.latency));
+            rows.push((
+                format!("from {}", l.listener),
+                &l.latency[Latency::Accept].latency,
+            ));
+            if l.latency[Latency::AcceptQueue].total > 0 {
+                rows.push((
+                    "  queue".to_string(),
+                    &l.latency[Latency::AcceptQueue].latency,
+                ));
             }
         }
     }
@@ -583,8 +609,11 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
     };
     // Accepts of threads blocked in accept() at attach have no latency:
     // said beside the percentiles, which do not include them.
-    let untimed = if r.accept_untimed.total > 0 {
-        format!(" · accepts of unknown latency {}", r.accept_untimed.total)
+    let untimed = if r.counts[Count::AcceptUntimed].total > 0 {
+        format!(
+            " · accepts of unknown latency {}",
+            r.counts[Count::AcceptUntimed].total
+        )
     } else {
         String::new()
     };
@@ -620,7 +649,7 @@ fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'
     .block(Block::default().borders(Borders::TOP).title(title));
     frame.render_widget(table, table_area);
 
-    let bars = crate::view::text::log2_bars(&r.accept.log2_buckets);
+    let bars = crate::view::text::log2_bars(&r.latency[Latency::Accept].log2_buckets);
     let bars = if bars.is_empty() {
         "no accepts in this interval".to_string()
     } else {
