@@ -100,7 +100,7 @@ pub struct DiffArgs {
     #[arg(long)]
     pub role: Option<String>,
     /// Only this metric.
-    #[arg(long, value_parser = METRICS)]
+    #[arg(long, value_parser = metrics())]
     pub metric: Option<String>,
     /// One JSON object per role and metric instead of text.
     #[arg(long)]
@@ -119,7 +119,7 @@ pub struct ReportArgs {
     #[arg(long)]
     pub role: Option<String>,
     /// Only this metric.
-    #[arg(long, value_parser = METRICS)]
+    #[arg(long, value_parser = metrics())]
     pub metric: Option<String>,
     /// Only intervals starting at or after this offset into the recording (e.g. 30s).
     #[arg(long, value_parser = parse_duration)]
@@ -274,8 +274,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (try 500ms, 10s or 2m)"))
 }
 
-/// The metrics a recording holds, for `--metric`.
-pub use stackprobe_output::export::hlog::METRICS;
+/// The metrics a recording holds, for `--metric`: every declared latency
+/// and count.
+fn metrics() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(stackprobe_model::measure::names())
+}
 
 /// Longer runs and intervals are refused rather than overflowing a clock.
 const LONGEST: Duration = Duration::from_secs(10 * 365 * 86_400);

@@ -60,30 +60,6 @@ fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
     other.stop();
 }
 
-/// Waits until `n` threads of `pid` are inside accept() or accept4().
-fn wait_in_accept(pid: u32, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let in_accept = [libc::SYS_accept, libc::SYS_accept4].map(|nr| nr.to_string());
-    loop {
-        let blocked = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("syscall")).ok())
-            .filter(|line| {
-                let nr = line.split_whitespace().next().unwrap_or("");
-                in_accept.iter().any(|a| a == nr)
-            })
-            .count();
-        if blocked >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{blocked} of {n} threads in accept"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn accepts_already_blocked_at_attach_are_counted_with_their_latency_unknown() {
     let _lock = probe_lock();

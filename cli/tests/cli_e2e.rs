@@ -592,6 +592,100 @@ fn the_dashboard_runs_in_a_real_terminal_reacts_to_keys_and_quits_cleanly() {
     server.stop();
 }
 
+/// Counts other than latencies (here accepts whose thread was blocked in
+/// accept() at attach) are in the recording too: `report` and `diff` give
+/// the exact numbers `watch` gave.
+#[test]
+fn report_and_diff_give_the_runs_counts_untimed_accepts_included() {
+    let _lock = probe_lock();
+    require_root();
+    let dir = TempDir::new("e2e-record-counts");
+    let file = dir.0.join("run.hlog");
+    let unix_path = dir.0.join("s.sock");
+    let mut server = Server::start(Some(&unix_path));
+    server.run("accept-threads 9 4", "accepting");
+    wait_in_accept(server.pid, 2);
+    let pid = server.pid.to_string();
+    let mut sp = Running::start(&[
+        "watch",
+        "--pid",
+        &pid,
+        "--json",
+        "--interval",
+        "200ms",
+        "--record",
+        file.to_str().unwrap(),
+    ]);
+    sp.wait_stderr("probes attached");
+    for _ in 0..9 {
+        tcp_connect_and_read(&server.tcp);
+    }
+    for _ in 0..4 {
+        let mut conn = std::os::unix::net::UnixStream::connect(&unix_path).unwrap();
+        read_byte_then_eof(&mut conn);
+    }
+    assert_eq!(server.line(), "accepted 9+4");
+    thread::sleep(Duration::from_millis(300));
+    sp.signal(libc::SIGINT);
+    let (status, stdout, stderr) = sp.finish();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+    let summary = json_lines(&stdout).pop().unwrap();
+    let role = &summary["roles"][0];
+    let (timed, untimed) = (
+        role["accept"]["total"].as_u64(),
+        role["accept_untimed"]["total"].as_u64(),
+    );
+    assert_eq!((timed, untimed), (Some(11), Some(2)), "{role}");
+
+    let report =
+        run(Command::new(STACKPROBE).args(["report", file.to_str().unwrap(), "--format", "json"]));
+    assert!(report.status.success(), "{report:?}");
+    let rows = json_lines(&String::from_utf8_lossy(&report.stdout));
+    let count = |metric: &str| {
+        rows.iter()
+            .find(|r| r["metric"] == metric)
+            .map(|r| r["count"].as_u64().unwrap())
+    };
+    assert_eq!(
+        (count("accept"), count("accept_untimed")),
+        (Some(11), Some(2)),
+        "{rows:?}"
+    );
+    // Only this run's, filtered by --metric like a latency.
+    let only = run(Command::new(STACKPROBE).args([
+        "report",
+        file.to_str().unwrap(),
+        "--metric",
+        "accept_untimed",
+    ]));
+    assert!(
+        String::from_utf8_lossy(&only.stdout)
+            .lines()
+            .next()
+            .is_some_and(|l| l.starts_with("stackprobe-loop · accept_untimed  count 2 over ")),
+        "{only:?}"
+    );
+    let diff = run(Command::new(STACKPROBE).args([
+        "diff",
+        file.to_str().unwrap(),
+        file.to_str().unwrap(),
+        "--json",
+    ]));
+    let changes = json_lines(&String::from_utf8_lossy(&diff.stdout));
+    let untimed = changes
+        .iter()
+        .find(|c| c["metric"] == "accept_untimed")
+        .expect("diff has the untimed accepts");
+    assert_eq!(
+        (
+            untimed["before_count"].as_u64(),
+            untimed["after_count"].as_u64()
+        ),
+        (Some(2), Some(2))
+    );
+    server.stop();
+}
+
 #[test]
 fn a_recording_reads_back_with_the_runs_exact_counts() {
     let _lock = probe_lock();

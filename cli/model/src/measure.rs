@@ -222,6 +222,14 @@ registry! {
     }
 }
 
+/// Every declared name, latencies first.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    LATENCIES
+        .iter()
+        .map(|(_, d)| d.name)
+        .chain(COUNTS.iter().map(|(_, d)| d.name))
+}
+
 /// The latencies kept per listening socket ([`Per::Listener`]); in JSON
 /// only those are fields.
 #[derive(Clone, Debug, Default, PartialEq)]

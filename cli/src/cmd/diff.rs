@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::report::{Filter, Row, rows};
 use crate::cli::DiffArgs;
-use stackprobe_model::histogram::duration;
+use stackprobe_model::histogram::{Summary, duration};
 
 #[derive(Debug, Serialize)]
 pub struct Change {
@@ -18,6 +18,9 @@ pub struct Change {
     /// recording has none of this role and metric.
     pub before_per_s: Option<f64>,
     pub after_per_s: Option<f64>,
+    /// Samples, or a count's sum, in each recording.
+    pub before_count: Option<u64>,
+    pub after_count: Option<u64>,
     pub before_p50_ns: Option<u64>,
     pub after_p50_ns: Option<u64>,
     pub before_p99_ns: Option<u64>,
@@ -49,10 +52,15 @@ pub fn run(args: DiffArgs) -> Result<()> {
 
 fn rate(r: &Row) -> f64 {
     if r.seconds > 0.0 {
-        r.latency.count as f64 / r.seconds
+        r.count() as f64 / r.seconds
     } else {
         0.0
     }
+}
+
+/// A row's latency summary (None for a count, or no row).
+fn latency(r: Option<&Row>) -> Option<&Summary> {
+    r.and_then(|r| r.latency.as_ref())
 }
 
 pub fn changes(before: &[Row], after: &[Row]) -> Vec<Change> {
@@ -74,16 +82,18 @@ pub fn changes(before: &[Row], after: &[Row]) -> Vec<Change> {
             metric,
             before_per_s: b.map(rate),
             after_per_s: a.map(rate),
-            before_p50_ns: b.map(|r| r.latency.p50_ns),
-            after_p50_ns: a.map(|r| r.latency.p50_ns),
-            before_p99_ns: b.map(|r| r.latency.p99_ns),
-            after_p99_ns: a.map(|r| r.latency.p99_ns),
-            before_max_ns: b.map(|r| r.latency.max_ns),
-            after_max_ns: a.map(|r| r.latency.max_ns),
-            verdict: b.zip(a).and_then(|(b, a)| {
-                if a.latency.clearly_slower_than(&b.latency) {
+            before_count: b.map(Row::count),
+            after_count: a.map(Row::count),
+            before_p50_ns: latency(b).map(|s| s.p50_ns),
+            after_p50_ns: latency(a).map(|s| s.p50_ns),
+            before_p99_ns: latency(b).map(|s| s.p99_ns),
+            after_p99_ns: latency(a).map(|s| s.p99_ns),
+            before_max_ns: latency(b).map(|s| s.max_ns),
+            after_max_ns: latency(a).map(|s| s.max_ns),
+            verdict: latency(b).zip(latency(a)).and_then(|(b, a)| {
+                if a.clearly_slower_than(b) {
                     Some("slower")
-                } else if b.latency.clearly_slower_than(&a.latency) {
+                } else if b.clearly_slower_than(a) {
                     Some("faster")
                 } else {
                     None
@@ -113,6 +123,23 @@ fn pair(before: Option<u64>, after: Option<u64>) -> String {
 pub fn render(changes: &[Change]) -> String {
     let mut out = String::new();
     for c in changes {
+        if c.before_p50_ns.is_none() && c.after_p50_ns.is_none() {
+            // A count: no percentiles to set side by side.
+            let n = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+            let _ = writeln!(
+                out,
+                "{} · {}  count {} → {}{}",
+                c.role,
+                c.metric,
+                n(c.before_count),
+                n(c.after_count),
+                change(
+                    c.before_count.map(|v| v as f64),
+                    c.after_count.map(|v| v as f64)
+                )
+            );
+            continue;
+        }
         let per_s = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}/s"));
         let _ = writeln!(
             out,
@@ -152,6 +179,7 @@ mod tests {
     use hdrhistogram::Histogram;
 
     use super::*;
+    use stackprobe_model::measure::Count;
     use stackprobe_output::export::hlog::{Interval, Recorder};
 
     fn recording(
@@ -173,10 +201,17 @@ mod tests {
             if forks_per_interval > 0 {
                 histograms.push(("postgres postmaster".to_string(), "fork", fork));
             }
+            // Accepts blocked before the attach: a count, not a latency.
+            let counts = if forks_per_interval > 0 && i == 0 {
+                vec![("postgres postmaster".to_string(), Count::AcceptUntimed, 3)]
+            } else {
+                vec![]
+            };
             rec.record(Interval {
                 start: Duration::from_secs(i),
                 duration: Duration::from_secs(1),
                 histograms,
+                counts,
             });
         }
         rec.finish().unwrap()
@@ -191,7 +226,17 @@ mod tests {
         let f = Filter::default();
         let c = changes(&rows(&before, &f).unwrap(), &rows(&after, &f).unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(c.len(), 2);
+        assert_eq!(c.len(), 3);
+        let untimed = &c[1];
+        assert_eq!(
+            (
+                untimed.metric.as_str(),
+                untimed.before_count,
+                untimed.after_count,
+                untimed.before_p50_ns
+            ),
+            ("accept_untimed", Some(3), None, None)
+        );
         let accept = &c[0];
         assert_eq!(
             (
@@ -205,7 +250,7 @@ mod tests {
         for p50 in [accept.before_p50_ns, accept.after_p50_ns] {
             assert!(p50.is_some_and(|v| v.abs_diff(3_000) <= 3), "{p50:?}");
         }
-        let fork = &c[1];
+        let fork = &c[2];
         assert_eq!((fork.before_per_s, fork.after_per_s), (Some(400.0), None));
         assert_eq!(
             fork.before_p99_ns.map(|v| v.abs_diff(80_000) <= 80),
@@ -218,6 +263,10 @@ mod tests {
         );
         assert!(
             text.contains("postgres postmaster · fork  400.0/s → -"),
+            "{text}"
+        );
+        assert!(
+            text.contains("postgres postmaster · accept_untimed  count 3 → -\n"),
             "{text}"
         );
     }
@@ -235,6 +284,7 @@ mod tests {
                 start: Duration::from_secs(i),
                 duration: Duration::from_secs(1),
                 histograms: vec![("php-fpm".to_string(), "connect", h)],
+                counts: vec![],
             });
         }
         rec.finish().unwrap()

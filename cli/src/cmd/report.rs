@@ -13,6 +13,7 @@ use stackprobe_output::{
     view::text::log2_bars,
 };
 
+/// One role's latency or count, merged over the intervals kept.
 #[derive(Debug, Serialize)]
 pub struct Row {
     pub role: String,
@@ -20,9 +21,21 @@ pub struct Row {
     pub intervals: usize,
     /// Seconds the intervals cover.
     pub seconds: f64,
+    /// A latency's summary (its `count` the samples); None for a count.
     #[serde(flatten)]
-    pub latency: Summary,
+    pub latency: Option<Summary>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub log2_buckets: Vec<Log2Bucket>,
+    /// A count's sum; None for a latency.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+}
+
+impl Row {
+    /// Samples of a latency, or a count's sum.
+    pub fn count(&self) -> u64 {
+        self.latency.map_or(0, |s| s.count) + self.count.unwrap_or(0)
+    }
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
@@ -55,19 +68,22 @@ pub fn run(args: ReportArgs) -> Result<()> {
 pub fn series(file: &std::path::Path, filter: &Filter) -> Result<Vec<plot::Series>> {
     let mut by_key: BTreeMap<String, plot::Series> = BTreeMap::new();
     hlog::for_each(file, |r| {
+        let hlog::Value::Histogram(h) = &r.value else {
+            return Ok(());
+        };
         if !filter.keeps(&r) {
             return Ok(());
         }
         let label = format!("{} · {}", r.role, r.metric);
         let s = by_key.entry(label.clone()).or_insert_with(|| plot::Series {
             label,
-            total: hdrhistogram::Histogram::new_from(&r.histogram),
+            total: hdrhistogram::Histogram::new_from(h),
             p99_over_time: Vec::new(),
         });
         s.p99_over_time
-            .push((r.start.as_secs_f64(), r.histogram.value_at_quantile(0.99)));
+            .push((r.start.as_secs_f64(), h.value_at_quantile(0.99)));
         s.total
-            .add(&r.histogram)
+            .add(h)
             .map_err(|e| anyhow::anyhow!("merging histograms: {e:?}"))?;
         Ok(())
     })?;
@@ -99,9 +115,20 @@ impl Filter {
     }
 }
 
-/// The recording's histograms merged per (role, metric), filtered.
+/// What one (role, metric) of a recording adds up to.
+#[derive(Default)]
+struct Merged {
+    /// None for a count.
+    hist: Option<LatencyHistogram>,
+    count: u64,
+    intervals: usize,
+    seconds: f64,
+}
+
+/// The recording's histograms and counts merged per (role, metric),
+/// filtered.
 pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
-    let mut merged: BTreeMap<(String, String), (LatencyHistogram, usize, f64)> = BTreeMap::new();
+    let mut merged: BTreeMap<(String, String), Merged> = BTreeMap::new();
     hlog::for_each(file, |r| {
         if !filter.keeps(&r) {
             return Ok(());
@@ -111,12 +138,16 @@ pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
         } else {
             r.role
         };
-        let (hist, n, secs) = merged
-            .entry((role, r.metric))
-            .or_insert_with(|| (LatencyHistogram::new(), 0, 0.0));
-        hist.add(&LatencyHistogram::from_hdr(r.histogram));
-        *n += 1;
-        *secs += r.duration.as_secs_f64();
+        let m = merged.entry((role, r.metric)).or_default();
+        match r.value {
+            hlog::Value::Histogram(h) => m
+                .hist
+                .get_or_insert_with(LatencyHistogram::new)
+                .add(&LatencyHistogram::from_hdr(h)),
+            hlog::Value::Count(n) => m.count += n,
+        }
+        m.intervals += 1;
+        m.seconds += r.duration.as_secs_f64();
         Ok(())
     })?;
     if merged.is_empty() {
@@ -124,13 +155,18 @@ pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
     }
     Ok(merged
         .into_iter()
-        .map(|((role, metric), (hist, intervals, seconds))| Row {
+        .map(|((role, metric), m)| Row {
             role,
             metric,
-            intervals,
-            seconds,
-            latency: hist.summary(),
-            log2_buckets: hist.log2_buckets(),
+            intervals: m.intervals,
+            seconds: m.seconds,
+            latency: m.hist.as_ref().map(LatencyHistogram::summary),
+            log2_buckets: m
+                .hist
+                .as_ref()
+                .map(LatencyHistogram::log2_buckets)
+                .unwrap_or_default(),
+            count: m.hist.is_none().then_some(m.count),
         })
         .collect())
 }
@@ -149,32 +185,39 @@ pub fn render(rows: &[Row], format: ReportFormat) -> String {
                 "role,metric,intervals,count,min_ns,mean_ns,p50_ns,p90_ns,p99_ns,p999_ns,max_ns\n",
             );
             for r in rows {
-                let s = &r.latency;
-                let _ = writeln!(
+                let _ = write!(
                     out,
-                    "\"{}\",{},{},{},{},{},{},{},{},{},{}",
+                    "\"{}\",{},{},{}",
                     r.role.replace('"', "\"\""),
                     r.metric,
                     r.intervals,
-                    s.count,
-                    s.min_ns,
-                    s.mean_ns,
-                    s.p50_ns,
-                    s.p90_ns,
-                    s.p99_ns,
-                    s.p999_ns,
-                    s.max_ns
+                    r.count(),
                 );
+                // A count has no latency columns.
+                let _ = match &r.latency {
+                    Some(s) => writeln!(
+                        out,
+                        ",{},{},{},{},{},{},{}",
+                        s.min_ns, s.mean_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns
+                    ),
+                    None => writeln!(out, ",,,,,,,"),
+                };
             }
         }
         ReportFormat::Text => {
             for r in rows {
-                let s = &r.latency;
                 let _ = writeln!(
                     out,
                     "{} · {}  count {} over {} intervals ({:.0}s)",
-                    r.role, r.metric, s.count, r.intervals, r.seconds
+                    r.role,
+                    r.metric,
+                    r.count(),
+                    r.intervals,
+                    r.seconds
                 );
+                let Some(s) = &r.latency else {
+                    continue;
+                };
                 let d = stackprobe_model::histogram::duration;
                 let _ = writeln!(
                     out,
@@ -201,6 +244,7 @@ mod tests {
     use hdrhistogram::Histogram;
 
     use super::*;
+    use stackprobe_model::measure::Count;
     use stackprobe_output::export::hlog::{Interval, Recorder};
 
     #[test]
@@ -219,15 +263,31 @@ mod tests {
                     ("x master".into(), "accept", h.clone()),
                     ("x worker".into(), "accept", h),
                 ],
+                // Untimed accepts in the first two intervals only.
+                counts: if i < 2 {
+                    vec![("x master".into(), Count::AcceptUntimed, i + 1)]
+                } else {
+                    vec![]
+                },
             });
         }
         rec.finish().unwrap();
         let all = rows(&path, &Filter::default()).unwrap();
         assert_eq!(
             all.iter()
-                .map(|r| (r.role.as_str(), r.latency.count))
+                .map(|r| (r.role.as_str(), r.metric.as_str(), r.count()))
                 .collect::<Vec<_>>(),
-            [("x master", 40), ("x worker", 40)]
+            [
+                ("x master", "accept", 40),
+                ("x master", "accept_untimed", 3),
+                ("x worker", "accept", 40)
+            ]
+        );
+        assert_eq!((all[1].latency, all[1].count), (None, Some(3)));
+        let text = render(&all, ReportFormat::Text);
+        assert!(
+            text.contains("x master · accept_untimed  count 3 over 2 intervals"),
+            "{text}"
         );
         let merged = rows(
             &path,
@@ -238,12 +298,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (
-                merged.len(),
-                merged[0].role.as_str(),
-                merged[0].latency.count
-            ),
-            (1, "x", 80)
+            (merged.len(), merged[0].role.as_str(), merged[0].count()),
+            (2, "x", 80)
         );
         let window = rows(
             &path,
@@ -255,11 +311,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (window.len(), window[0].latency.count, window[0].intervals),
+            (window.len(), window[0].count(), window[0].intervals),
             (1, 20, 2)
         );
         assert!(
-            window[0].latency.min_ns.abs_diff(3_000) <= 3,
+            window[0].latency.unwrap().min_ns.abs_diff(3_000) <= 3,
             "{:?}",
             window[0].latency
         );

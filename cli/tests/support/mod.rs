@@ -760,3 +760,27 @@ pub fn role_row<'a>(report: &'a Value, role: &str) -> &'a Value {
         .find(|r| r["role"] == role)
         .unwrap_or_else(|| panic!("no role {role} in {report}"))
 }
+
+/// Waits until `n` threads of `pid` are inside accept() or accept4().
+pub fn wait_in_accept(pid: u32, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let in_accept = [libc::SYS_accept, libc::SYS_accept4].map(|nr| nr.to_string());
+    loop {
+        let blocked = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("syscall")).ok())
+            .filter(|line| {
+                let nr = line.split_whitespace().next().unwrap_or("");
+                in_accept.iter().any(|a| a == nr)
+            })
+            .count();
+        if blocked >= n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{blocked} of {n} threads in accept"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

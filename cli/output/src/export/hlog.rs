@@ -2,7 +2,9 @@
 //! (V2, deflate-compressed, base64), the standard format other HdrHistogram
 //! tools read. Each histogram's tag names its role and metric:
 //! `role=postgres%20postmaster;metric=accept` (tags may not contain spaces or
-//! commas, so those are percent-encoded).
+//! commas, so those are percent-encoded). Each declared count an interval
+//! gained is a comment line, which other HdrHistogram readers skip:
+//! `#stackprobe-count start=1.000 duration=1.000 metric=accept_untimed count=2 role=ROLE`.
 
 use std::{
     fs::File,
@@ -22,17 +24,13 @@ use hdrhistogram::{
     },
 };
 
-use stackprobe_model::process::{ProcessTable, Span};
+use stackprobe_model::{
+    measure::Count,
+    process::{ProcessTable, Span},
+};
 
-/// The metrics a recording holds for each role.
-pub const METRICS: [&str; 6] = [
-    "accept",
-    "accept_queue",
-    "fork",
-    "thread",
-    "child_lifetime",
-    "connect",
-];
+/// What starts a count's line.
+const COUNT_LINE: &str = "#stackprobe-count ";
 
 fn encode(s: &str) -> String {
     s.replace('%', "%25")
@@ -62,16 +60,24 @@ pub struct Interval {
     pub duration: Duration,
     /// (role, metric, histogram)
     pub histograms: Vec<(String, &'static str, Histogram<u64>)>,
+    /// (role, count, what it gained in the interval), those above 0.
+    pub counts: Vec<(String, Count, u64)>,
 }
 
 impl Interval {
     /// This interval's histograms of every role and metric that has samples.
     pub fn of(table: &ProcessTable, start: Duration, duration: Duration) -> Self {
         let mut histograms = Vec::new();
+        let mut counts = Vec::new();
         for (role, (_, activity)) in table.roles(Span::Interval) {
             for (l, m) in activity.latency.iter() {
                 if let Some(h) = m.interval.hdr().filter(|h| !h.is_empty()) {
                     histograms.push((role.clone(), l.name(), h.clone()));
+                }
+            }
+            for (c, n) in activity.counts.iter() {
+                if n.interval > 0 {
+                    counts.push((role.clone(), c, n.interval));
                 }
             }
         }
@@ -79,6 +85,7 @@ impl Interval {
             start,
             duration,
             histograms,
+            counts,
         }
     }
 }
@@ -170,6 +177,16 @@ fn write_all(mut file: File, rx: mpsc::Receiver<Interval>) -> Result<()> {
             log.write_histogram(hist, interval.start, interval.duration, Some(tag))
                 .map_err(|e| anyhow!("{e:?}"))?;
         }
+        for (role, count, n) in &interval.counts {
+            log.write_comment(&format!(
+                "{}start={:.3} duration={:.3} metric={} count={n} role={}",
+                &COUNT_LINE[1..],
+                interval.start.as_secs_f64(),
+                interval.duration.as_secs_f64(),
+                count.name(),
+                encode(role)
+            ))?;
+        }
         drop(log);
         append(&mut file, &mut buf, &mut written)?;
     }
@@ -189,14 +206,20 @@ fn append(file: &mut File, buf: &mut Vec<u8>, written: &mut u64) -> Result<()> {
     Ok(())
 }
 
-/// One histogram read back from a recording.
+/// One histogram, or one count, read back from a recording.
 #[derive(Debug)]
 pub struct Recorded {
     pub start: Duration,
     pub duration: Duration,
     pub role: String,
     pub metric: String,
-    pub histogram: Histogram<u64>,
+    pub value: Value,
+}
+
+#[derive(Debug)]
+pub enum Value {
+    Histogram(Histogram<u64>),
+    Count(u64),
 }
 
 /// Reads a recording; a corrupt or truncated one is an error naming the file
@@ -287,13 +310,49 @@ fn parse_each(data: &[u8], mut f: impl FnMut(Recorded) -> Result<()>) -> Result<
             duration: h.duration(),
             role,
             metric,
-            histogram,
+            value: Value::Histogram(histogram),
         })?;
+    }
+    for (i, line) in data.split(|&b| b == b'\n').enumerate() {
+        let Some(rest) = line.strip_prefix(COUNT_LINE.as_bytes()) else {
+            continue;
+        };
+        let count = std::str::from_utf8(rest)
+            .ok()
+            .and_then(parse_count)
+            .ok_or_else(|| anyhow!("line {}: not a stackprobe count", i + 1))?;
+        seen += 1;
+        f(count)?;
     }
     if seen == 0 {
         bail!("no histograms in this recording (empty or not a stackprobe recording)");
     }
     Ok(())
+}
+
+/// `start=1.000 duration=1.000 metric=accept_untimed count=2 role=ROLE`:
+/// the role is last, and percent-encoded, so it may hold spaces.
+fn parse_count(line: &str) -> Option<Recorded> {
+    let (fields, role) = line.split_once(" role=")?;
+    let mut fields = fields.split(' ');
+    let mut field = |name: &str| fields.next()?.strip_prefix(name)?.strip_prefix('=');
+    let secs = |s: &str| {
+        s.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0 && *v < 1e12)
+            .map(Duration::from_secs_f64)
+    };
+    let start = secs(field("start")?)?;
+    let duration = secs(field("duration")?)?;
+    let metric = field("metric")?.to_string();
+    let count = field("count")?.parse().ok()?;
+    Some(Recorded {
+        start,
+        duration,
+        role: decode(role),
+        metric,
+        value: Value::Count(count),
+    })
 }
 
 fn find(data: &[u8], needle: &[u8], from: usize) -> usize {
@@ -360,22 +419,58 @@ mod tests {
                     ("postgres postmaster".into(), "accept", a.clone()),
                     ("nginx worker".into(), "fork", b.clone()),
                 ],
+                counts: vec![("postgres postmaster".into(), Count::AcceptUntimed, 2)],
             },
             Interval {
                 start: Duration::from_secs(2),
                 duration: Duration::from_secs(1),
                 histograms: vec![("postgres postmaster".into(), "accept", a.clone())],
+                counts: vec![("php-fpm pool a;b=c".into(), Count::ForkFailed, 7)],
             },
         ]);
         let back = parse(&data).unwrap();
-        assert_eq!(back.len(), 3);
+        assert_eq!(back.len(), 5);
+        let counts: Vec<(Duration, &str, &str, u64)> = back
+            .iter()
+            .filter_map(|r| match r.value {
+                Value::Count(n) => Some((r.start, r.role.as_str(), r.metric.as_str(), n)),
+                Value::Histogram(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                (
+                    Duration::from_secs(1),
+                    "postgres postmaster",
+                    "accept_untimed",
+                    2
+                ),
+                (
+                    Duration::from_secs(2),
+                    "php-fpm pool a;b=c",
+                    "fork_failed",
+                    7
+                ),
+            ]
+        );
+        // Other HdrHistogram readers see the histograms alone: the counts
+        // are comments to them.
+        let intervals = IntervalLogIterator::new(&data)
+            .filter(|e| matches!(e, Ok(LogEntry::Interval(_))))
+            .count();
+        assert_eq!(intervals, 3);
         assert_eq!(
             (back[0].role.as_str(), back[0].metric.as_str()),
             ("postgres postmaster", "accept")
         );
         assert_eq!(back[1].role, "nginx worker");
         assert_eq!(back[2].start, Duration::from_secs(2));
-        for (got, want) in [(&back[0].histogram, &a), (&back[1].histogram, &b)] {
+        let hist = |r: &Recorded| match &r.value {
+            Value::Histogram(h) => h.clone(),
+            Value::Count(n) => panic!("a count {n} where a histogram was written"),
+        };
+        for (got, want) in [(&hist(&back[0]), &a), (&hist(&back[1]), &b)] {
             assert_eq!(got.len(), want.len());
             for q in [0.0, 0.5, 0.9, 0.99, 0.999, 1.0] {
                 assert_eq!(got.value_at_quantile(q), want.value_at_quantile(q), "q {q}");
@@ -390,6 +485,7 @@ mod tests {
             start: Duration::ZERO,
             duration: Duration::from_secs(1),
             histograms: vec![("x".into(), "accept", hist(&[5, 6, 7]))],
+            counts: vec![],
         }]);
         assert!(
             parse(b"")
@@ -410,6 +506,17 @@ mod tests {
         let err = parse(&bad).unwrap_err().to_string();
         assert!(err.starts_with("line "), "{err}");
         assert!(parse(b"not a log\nat all\n").is_err());
+        // A count line cut short, or with a count that is no number.
+        for line in [
+            "#stackprobe-count start=1.000 duration=1.000 metric=exited",
+            "#stackprobe-count start=1.000 duration=1.000 metric=exited count=x role=a",
+            "#stackprobe-count start=-1 duration=1.000 metric=exited count=1 role=a",
+        ] {
+            let mut bad = data.clone();
+            bad.extend_from_slice(format!("{line}\n").as_bytes());
+            let err = parse(&bad).unwrap_err().to_string();
+            assert_eq!(err, format!("line {}: not a stackprobe count", lines + 1));
+        }
     }
 }
 
