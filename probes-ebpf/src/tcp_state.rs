@@ -7,6 +7,8 @@
 //! kernels without the BTF one; its record copied once and read from the
 //! copy).
 
+use core::ptr::NonNull;
+
 use aya_ebpf::{
     EbpfContext as _,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
@@ -20,7 +22,7 @@ use probes_common::{
     event::EventKind,
     hist::HistMetric,
     sock::{
-        LinkCounts, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT,
+        LinkCounts, LinkKey, RECORD_WINDOW, SIDE_ACTIVE, SIDE_PASSIVE, TCP_CLOSE, TCP_CLOSE_WAIT,
         TCP_CLOSING, TCP_ESTABLISHED, TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_LAST_ACK, TCP_LISTEN,
         TCP_SYN_RECV, TCP_SYN_SENT, TcpStateEvent, TrackedSocket,
     },
@@ -238,6 +240,68 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// What a change means for its socket, from its states alone.
+#[derive(Clone, Copy)]
+struct Class {
+    /// It counts on the socket's link: an open (CLOSE → SYN_SENT,
+    /// SYN_RECV → ESTABLISHED) or a close (anything → CLOSE).
+    counted: bool,
+    /// A listener's: it starts listening, or stops (LISTEN → CLOSE). LISTEN
+    /// → SYN_RECV is not the listener's: it is a connection's new socket,
+    /// cloned from the listener with its state (it counts nothing).
+    listen: bool,
+    /// Made by the owner's own syscall (see [`by_owner`]).
+    by_owner: bool,
+}
+
+impl Class {
+    /// LISTEN → SYN_RECV, FIN_WAIT1 → FIN_WAIT2, ESTABLISHED → CLOSE_WAIT:
+    /// three of a connection's ten changes count nothing and note nothing,
+    /// tracked socket or not.
+    #[inline(always)]
+    fn is_idle(self) -> bool {
+        !self.counted && !self.listen && !self.by_owner
+    }
+}
+
+/// Classifies the change `old` → `new`.
+#[inline(always)]
+fn classify(old: u8, new: u8) -> Class {
+    Class {
+        counted: matches!(
+            (old, new),
+            (TCP_CLOSE, TCP_SYN_SENT) | (TCP_SYN_RECV, TCP_ESTABLISHED) | (_, TCP_CLOSE)
+        ),
+        listen: new == TCP_LISTEN || (old == TCP_LISTEN && new == TCP_CLOSE),
+        by_owner: by_owner(old, new),
+    }
+}
+
+/// A connection arriving at a listener completed its handshake (SYN_RECV →
+/// ESTABLISHED): it is its listener's owner's, whatever task runs.
+#[inline(always)]
+fn is_arriving(old: u8, new: u8) -> bool {
+    old == TCP_SYN_RECV && new == TCP_ESTABLISHED
+}
+
+/// FIN_WAIT2 or CLOSING → CLOSE of a socket whose owner closed first: the
+/// kernel has just made its timewait twin (tcp_time_wait, then tcp_done).
+#[inline(always)]
+fn into_time_wait(old: u8, new: u8) -> bool {
+    new == TCP_CLOSE && (old == TCP_FIN_WAIT2 || old == TCP_CLOSING)
+}
+
+/// The current task's pid_tgid when the owner's own syscall made the
+/// change, else 0: only then does the current task mean something.
+#[inline(always)]
+fn owner_task(by_owner: bool) -> u64 {
+    if by_owner {
+        bpf_get_current_pid_tgid()
+    } else {
+        0
+    }
+}
+
 /// One state change of the socket at `sk`, read through `sock`; `is_tcp`
 /// says whether it is a TCP socket, asked only of a socket about to be
 /// tracked.
@@ -254,120 +318,50 @@ fn on_change(
         connected(sk, instance);
         return;
     }
-    // LISTEN → SYN_RECV is not the listener's: it is a connection's new
-    // socket, cloned from the listener with its state (it counts nothing).
-    let listen = new == TCP_LISTEN || (old == TCP_LISTEN && new == TCP_CLOSE);
-    let counted = matches!(
-        (old, new),
-        (TCP_CLOSE, TCP_SYN_SENT) | (TCP_SYN_RECV, TCP_ESTABLISHED) | (_, TCP_CLOSE)
-    );
-    let by_owner = by_owner(old, new);
-    let pid_tgid = if by_owner {
-        bpf_get_current_pid_tgid()
-    } else {
-        0
-    };
+    let class = classify(old, new);
+    let pid_tgid = owner_task(class.by_owner);
     if old == TCP_CLOSE && new == TCP_SYN_SENT {
         // In the connect syscall of the socket's thread.
         slots::connect_went_tcp(pid_tgid as u32);
     }
-    if !counted && !listen && !by_owner {
-        // LISTEN → SYN_RECV, FIN_WAIT1 → FIN_WAIT2, ESTABLISHED →
-        // CLOSE_WAIT: three of a connection's ten changes count nothing and
-        // note nothing, tracked socket or not.
+    if class.is_idle() {
         return;
     }
-    // The current task means something only for changes its syscalls make.
     let tgid = (pid_tgid >> 32) as u32;
-    let in_owner = by_owner && is_watched(tgid);
-
+    let in_owner = class.by_owner && is_watched(tgid);
     // Whose socket is it? One we track; else, for changes made by a watched
     // owner's own syscalls, the caller's; else a connection arriving at a
     // watched listener.
-    // A change from CLOSE starts a socket's life (every change to CLOSE
-    // ends its tracking): nothing to look up.
-    let tracked = if old == TCP_CLOSE {
-        None
-    } else {
-        tracked::get(sk)
-    };
-    let arriving = old == TCP_SYN_RECV && new == TCP_ESTABLISHED;
+    let tracked = tracked_record(sk, old);
+    let arriving = is_arriving(old, new);
     if tracked.is_none() && !in_owner && !arriving {
         return;
     }
     if let Some(p) = tracked
-        && !counted
-        && !listen
+        && !class.counted
+        && !class.listen
     {
-        // The owner's own change that counts nothing (the early return
-        // took the others): no ends to read, no link to touch.
-        if new == TCP_FIN_WAIT1 {
-            // SAFETY: see the copy below; one u32 store into the value.
-            unsafe { (*p.as_ptr()).closer = closer(in_owner, tgid, (*p.as_ptr()).owner) };
-        }
+        note_tracked_fin(p, new, in_owner, tgid);
         return;
     }
     let Some(mut ends) = sock.ends() else {
         return;
     };
     let mut entry = match tracked {
-        // SAFETY: copied out at once (see tracked::get): at worst this one
-        // change counts on another watched socket's link.
-        Some(p) => {
-            let entry = unsafe { *p.as_ptr() };
-            ends.netns = entry.netns;
-            entry
-        }
-        None => {
-            ends.netns = sock.netns();
-            let owner = if in_owner {
-                tgid
-            } else {
-                match tcp_links::listen_owner(ends.netns, ends.lport) {
-                    Some(owner) => owner,
-                    None => return,
-                }
-            };
-            if !is_tcp() {
-                return;
-            }
-            let passive = !in_owner
-                || (new != TCP_SYN_SENT
-                    && tcp_links::listen_owner(ends.netns, ends.lport) == Some(tgid));
-            TrackedSocket {
-                owner,
-                closer: 0,
-                side: if passive { SIDE_PASSIVE } else { SIDE_ACTIVE },
-                _pad: 0,
-                lport: ends.lport,
-                netns: ends.netns,
-                since_ns: 0,
-                destination: 0,
-            }
-        }
+        Some(p) => tracked_copy(p, &mut ends),
+        None => match take_owner(sock, &mut ends, in_owner, tgid, is_tcp) {
+            Some(owner) => new_record(&ends, owner, new, in_owner, tgid),
+            None => return,
+        },
     };
-
-    // FIN_WAIT2 or CLOSING → CLOSE of a socket whose owner closed first: the
-    // kernel has just made its timewait twin (tcp_time_wait, then tcp_done).
-    let time_wait = new == TCP_CLOSE && (old == TCP_FIN_WAIT2 || old == TCP_CLOSING);
-    if new == TCP_CLOSE
-        && (old == TCP_LISTEN || entry.side == SIDE_PASSIVE || (time_wait && entry.closer != 0))
-    {
-        // The local port is in the link (passive), the 4-tuple or the map
-        // of listeners: it is released (skc_num zeroed) before this change
-        // is reported, and inet_sport keeps it; a followed passive
-        // socket's record has it.
-        ends.lport = if tracked.is_some() && entry.side == SIDE_PASSIVE && entry.lport != 0 {
-            entry.lport
-        } else {
-            u16::from_be(tcp_links::read(sk, &INET_SPORT).unwrap_or(0))
-        };
+    if releases_port(old, new, &entry) {
+        ends.lport = released_port(sk, &entry, tracked.is_some());
     }
-    if listen {
-        listener(sk, old, new, entry, &ends, tracked.is_none(), by_owner);
+    if class.listen {
+        listener(sk, old, new, class, entry, &ends, tracked);
         return;
     }
-    if by_owner && new == TCP_FIN_WAIT1 {
+    if class.by_owner && new == TCP_FIN_WAIT1 {
         // Only an untracked socket gets here (a tracked one took the
         // shortcut above).
         entry.closer = closer(in_owner, tgid, entry.owner);
@@ -375,70 +369,207 @@ fn on_change(
     // One key on the stack, its owner changed in place.
     let mut key = ends.link(entry.owner, entry.side);
     if new == TCP_CLOSE {
-        let aborted = u64::from(is_abort(old));
-        let own_time_wait = u64::from(time_wait && entry.closer == entry.owner);
-        tcp_links::add(
-            &key,
-            LinkCounts {
-                closes: 1,
-                aborts: aborted,
-                new_time_wait: own_time_wait,
-                ..LinkCounts::default()
-            },
-        );
-        if time_wait && entry.closer != 0 {
-            if own_time_wait == 0 {
-                key.owner = entry.closer;
-                tcp_links::add(
-                    &key,
-                    LinkCounts {
-                        new_time_wait: 1,
-                        ..LinkCounts::default()
-                    },
-                );
-            }
-            tcp_links::note_closer(&ends, entry.closer, entry.side);
-        }
-        if old == TCP_SYN_SENT && entry.destination != 0 {
-            let refused = sock.member::<i32>(&SK_ERR) == Some(ECONNREFUSED);
-            let metric = if refused {
-                HistMetric::ConnectRefused
-            } else {
-                HistMetric::ConnectFailed
-            };
-            hist::record(
-                entry.owner,
-                metric,
-                instance.hist_path(entry.destination),
-                0,
-            );
-        }
+        closed(sock, old, &entry, &ends, &mut key, instance);
         if tracked.is_some() {
             tracked::remove(sk);
         }
         return;
     }
-    if counted {
-        tcp_links::add(
-            &key,
-            LinkCounts {
-                opens: 1,
-                ..LinkCounts::default()
-            },
-        );
-        if arriving {
-            // It enters its listener's accept queue now.
-            entry.since_ns = now();
-        } else if new == TCP_SYN_SENT && entry.side == SIDE_ACTIVE {
-            // A connect: timed until the answer to its SYN.
-            let (id, d) = ends.destination();
-            destinations::name_tcp(id, &d);
-            entry.destination = id;
-            entry.since_ns = now();
-        }
+    if class.counted {
+        opened(&key, &mut entry, &ends, new, arriving);
     }
     if tracked.is_none() {
         tracked::insert(sk, &entry);
+    }
+}
+
+/// The record of the socket at `sk`, if it is tracked. A change from CLOSE
+/// starts a socket's life (every change to CLOSE ends its tracking):
+/// nothing to look up.
+#[inline(always)]
+fn tracked_record(sk: u64, old: u8) -> Option<NonNull<TrackedSocket>> {
+    if old == TCP_CLOSE {
+        None
+    } else {
+        tracked::get(sk)
+    }
+}
+
+/// A tracked socket's change made by its owner's syscall that counts
+/// nothing: no ends to read, no link to touch. One that sends the first FIN
+/// notes who closed.
+#[inline(always)]
+fn note_tracked_fin(p: NonNull<TrackedSocket>, new: u8, in_owner: bool, tgid: u32) {
+    if new == TCP_FIN_WAIT1 {
+        // SAFETY: see `tracked_copy`; one u32 store into the value.
+        unsafe { (*p.as_ptr()).closer = closer(in_owner, tgid, (*p.as_ptr()).owner) };
+    }
+}
+
+/// A copy of the tracked socket's record, `ends` completed with the network
+/// namespace it keeps.
+#[inline(always)]
+fn tracked_copy(p: NonNull<TrackedSocket>, ends: &mut Ends) -> TrackedSocket {
+    // SAFETY: copied out at once (see tracked::get): at worst this one
+    // change counts on another watched socket's link.
+    let entry = unsafe { *p.as_ptr() };
+    ends.netns = entry.netns;
+    entry
+}
+
+/// Whose socket not tracked yet this is, `ends` completed with its network
+/// namespace: the watched caller's, when its own syscall made the change
+/// (`in_owner`), else the watched owner of the listener the connection
+/// arrived at. None: neither, or not a TCP socket.
+#[inline(always)]
+fn take_owner(
+    sock: impl Sock,
+    ends: &mut Ends,
+    in_owner: bool,
+    tgid: u32,
+    is_tcp: impl FnOnce() -> bool,
+) -> Option<u32> {
+    ends.netns = sock.netns();
+    let owner = if in_owner {
+        tgid
+    } else {
+        tcp_links::listen_owner(ends.netns, ends.lport)?
+    };
+    is_tcp().then_some(owner)
+}
+
+/// The record of `owner`'s socket not tracked yet, with the side it is on:
+/// passive when it arrived at a watched listener, or when the owner's own
+/// change other than a connect is on a port the owner listens on (a
+/// connection it accepted before the probes attached); else active.
+#[inline(always)]
+fn new_record(ends: &Ends, owner: u32, new: u8, in_owner: bool, tgid: u32) -> TrackedSocket {
+    let passive = !in_owner
+        || (new != TCP_SYN_SENT && tcp_links::listen_owner(ends.netns, ends.lport) == Some(tgid));
+    TrackedSocket {
+        owner,
+        closer: 0,
+        side: if passive { SIDE_PASSIVE } else { SIDE_ACTIVE },
+        _pad: 0,
+        lport: ends.lport,
+        netns: ends.netns,
+        since_ns: 0,
+        destination: 0,
+    }
+}
+
+/// Whether this close needs the socket's local port, which the kernel has
+/// released (skc_num zeroed) before it reports the change: the port is in
+/// the link (passive), the 4-tuple (a closer's note) or the map of
+/// listeners.
+#[inline(always)]
+fn releases_port(old: u8, new: u8, entry: &TrackedSocket) -> bool {
+    new == TCP_CLOSE
+        && (old == TCP_LISTEN
+            || entry.side == SIDE_PASSIVE
+            || (into_time_wait(old, new) && entry.closer != 0))
+}
+
+/// The local port of a socket closing (see [`releases_port`]): a followed
+/// passive socket's record has it, and inet_sport keeps it.
+#[inline(always)]
+fn released_port(sk: u64, entry: &TrackedSocket, tracked: bool) -> u16 {
+    if tracked && entry.side == SIDE_PASSIVE && entry.lport != 0 {
+        entry.lport
+    } else {
+        u16::from_be(tcp_links::read(sk, &INET_SPORT).unwrap_or(0))
+    }
+}
+
+/// A socket closed (not a listener): its link counts the close (an abort,
+/// a TIME_WAIT of the owner's own), the TIME_WAIT it leaves goes to whoever
+/// closed first, and a connect whose SYN got no answer is counted as
+/// refused or failed.
+#[inline(always)]
+fn closed(
+    sock: impl Sock,
+    old: u8,
+    entry: &TrackedSocket,
+    ends: &Ends,
+    key: &mut LinkKey,
+    instance: Instance,
+) {
+    let time_wait = into_time_wait(old, TCP_CLOSE);
+    let own_time_wait = time_wait && entry.closer == entry.owner;
+    tcp_links::add(
+        key,
+        LinkCounts {
+            closes: 1,
+            aborts: u64::from(is_abort(old)),
+            new_time_wait: u64::from(own_time_wait),
+            ..LinkCounts::default()
+        },
+    );
+    if time_wait && entry.closer != 0 {
+        note_time_wait_closer(key, ends, entry, own_time_wait);
+    }
+    if old == TCP_SYN_SENT && entry.destination != 0 {
+        connect_failed(sock, entry, instance);
+    }
+}
+
+/// The TIME_WAIT a socket whose owner closed first leaves: counted on the
+/// closer's link when that is not the owner's (the owner's counted it with
+/// the close), and the closer noted for the socket iterator, which finds
+/// the timewait socket by the same ends.
+#[inline(always)]
+fn note_time_wait_closer(key: &mut LinkKey, ends: &Ends, entry: &TrackedSocket, own: bool) {
+    if !own {
+        key.owner = entry.closer;
+        tcp_links::add(
+            key,
+            LinkCounts {
+                new_time_wait: 1,
+                ..LinkCounts::default()
+            },
+        );
+    }
+    tcp_links::note_closer(ends, entry.closer, entry.side);
+}
+
+/// A connect closed before its SYN was answered: a sample of 0 under its
+/// destination, as refused (ECONNREFUSED) or failed.
+#[inline(always)]
+fn connect_failed(sock: impl Sock, entry: &TrackedSocket, instance: Instance) {
+    let refused = sock.member::<i32>(&SK_ERR) == Some(ECONNREFUSED);
+    let metric = if refused {
+        HistMetric::ConnectRefused
+    } else {
+        HistMetric::ConnectFailed
+    };
+    hist::record(
+        entry.owner,
+        metric,
+        instance.hist_path(entry.destination),
+        0,
+    );
+}
+
+/// A socket opened (CLOSE → SYN_SENT, SYN_RECV → ESTABLISHED): its link
+/// counts it, and its record starts the clock of what comes next.
+#[inline(always)]
+fn opened(key: &LinkKey, entry: &mut TrackedSocket, ends: &Ends, new: u8, arriving: bool) {
+    tcp_links::add(
+        key,
+        LinkCounts {
+            opens: 1,
+            ..LinkCounts::default()
+        },
+    );
+    if arriving {
+        // It enters its listener's accept queue now.
+        entry.since_ns = now();
+    } else if new == TCP_SYN_SENT && entry.side == SIDE_ACTIVE {
+        // A connect: timed until the answer to its SYN.
+        let (id, d) = ends.destination();
+        destinations::name_tcp(id, &d);
+        entry.destination = id;
+        entry.since_ns = now();
     }
 }
 
@@ -472,16 +603,16 @@ fn listener(
     sk: u64,
     old: u8,
     new: u8,
+    class: Class,
     entry: TrackedSocket,
     e: &Ends,
-    untracked: bool,
-    by_owner: bool,
+    tracked: Option<NonNull<TrackedSocket>>,
 ) {
     if new == TCP_CLOSE {
         tracked::remove(sk);
         tcp_links::forget_listener(e.netns, e.lport);
     } else {
-        if untracked {
+        if tracked.is_none() {
             tracked::insert(sk, &entry);
         }
         if new == TCP_LISTEN {
@@ -503,7 +634,7 @@ fn listener(
     report_listener(
         e,
         entry.owner,
-        u32::from(old) << 8 | u32::from(new) | u32::from(by_owner) << 16,
+        u32::from(old) << 8 | u32::from(new) | u32::from(class.by_owner) << 16,
     );
 }
 
