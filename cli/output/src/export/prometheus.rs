@@ -27,7 +27,7 @@ use tokio::{
     net::TcpListener,
 };
 
-use stackprobe_model::measure::Per;
+use stackprobe_model::measure::{COUNTS, Count, LATENCIES, Per};
 use stackprobe_model::{
     containers,
     frame::OwnCost,
@@ -178,6 +178,8 @@ pub struct Snapshot {
     connects: Vec<HistogramSample>,
     /// (role, destination, refused, failed) since the start.
     connect_failures: Vec<(String, String, u64, u64)>,
+    /// (role, count, total since the start), those above 0.
+    counts: Vec<(String, Count, u64)>,
     processes: Vec<(String, u64)>,
     links: Vec<(LinkLabels, LinkNumbers)>,
     walk_age_s: f64,
@@ -195,7 +197,13 @@ impl Snapshot {
         let mut histograms = Vec::new();
         let mut connects = Vec::new();
         let mut connect_failures = Vec::new();
+        let mut counts = Vec::new();
         for (role, (_, activity)) in table.roles(Span::Whole) {
+            for (c, n) in activity.counts.iter() {
+                if n.total > 0 {
+                    counts.push((role.clone(), c, n.total));
+                }
+            }
             for (destination, c) in &activity.connects {
                 connects.extend(HistogramSample::of(
                     &role,
@@ -250,6 +258,7 @@ impl Snapshot {
             histograms,
             connects,
             connect_failures,
+            counts,
             processes: report
                 .roles
                 .iter()
@@ -276,9 +285,18 @@ struct Published(Arc<Mutex<Snapshot>>);
 impl Collector for Published {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let s = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let latencies: Vec<&str> = LATENCIES
+            .iter()
+            .filter(|(_, d)| d.per != Per::Destination)
+            .map(|(_, d)| d.name)
+            .collect();
+        let help = format!(
+            "Latency per role and metric ({}) since stackprobe started",
+            latencies.join(", ")
+        );
         let mut family = encoder.encode_descriptor(
             "stackprobe_latency_seconds",
-            "Latency per role and metric (accept, accept_queue, fork, thread, child_lifetime) since stackprobe started",
+            &help,
             None,
             MetricType::Histogram,
         )?;
@@ -325,6 +343,17 @@ impl Collector for Published {
                 ];
                 ConstCounter::new(*n).encode(failures.encode_family(&labels)?)?;
             }
+        }
+        let help = COUNTS.iter().fold(
+            "Counts per role and metric since stackprobe started:".to_string(),
+            |help, (_, d)| format!("{help} {} ({})", d.name, d.help.trim_end_matches('.')),
+        );
+        let mut family =
+            encoder.encode_descriptor("stackprobe_events", &help, None, MetricType::Counter)?;
+        for (role, count, n) in &s.counts {
+            let [role, container] = role_labels(role);
+            let labels = [role, container, ("metric", count.name())];
+            ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
         }
         let mut processes = encoder.encode_descriptor(
             "stackprobe_processes",
@@ -742,6 +771,40 @@ mod tests {
         }
         // Connects are not also in the per-metric latency family.
         assert!(!text.contains(r#"metric="connect""#), "{text}");
+    }
+
+    #[test]
+    fn each_declared_count_is_a_counter_by_metric_with_its_help() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[stackprobe_model::fixtures::live(1, "srv")]);
+        t.apply(&kernel_hist(1, "srv", HistMetric::AcceptUntimed, &[0, 0]));
+        t.apply(&kernel_hist(1, "srv", HistMetric::ForkFailed, &[0]));
+        let report = Report::build(
+            ReportKind::Interval,
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Drops::default(),
+        );
+        let snapshot = Arc::new(Mutex::new(Snapshot::take(&t, &report, OwnCost::default())));
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Published(snapshot)));
+        let text = String::from_utf8(body(&registry, false).1).unwrap();
+        for line in [
+            r#"stackprobe_events_total{role="srv",container="",metric="accept_untimed"} 2"#,
+            r#"stackprobe_events_total{role="srv",container="",metric="fork_failed"} 1"#,
+        ] {
+            assert!(text.contains(line), "no {line} in:\n{text}");
+        }
+        // Counts not seen have no series; every count is in the help.
+        assert!(!text.contains(r#"metric="execs""#), "{text}");
+        for (_, d) in COUNTS {
+            assert!(
+                text.contains(&format!(" {} (", d.name)),
+                "{} not in the help",
+                d.name
+            );
+        }
     }
 
     fn body_kind(registry: &Registry, protobuf: bool) -> &'static str {

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use stackprobe_model::measure::{Count, Latency};
+use stackprobe_model::measure::{Count, Latency, Per};
 use stackprobe_model::{
     histogram::{Log2Bucket, Summary, duration},
     probe_stats::Drops,
@@ -84,6 +84,15 @@ pub fn render(report: &Report) -> String {
 }
 
 fn role_block(r: &RoleRow) -> String {
+    let mut out = role_header(r);
+    out.push_str(&latency_lines(r));
+    out.push_str(&listener_lines(r));
+    out.push_str(&connect_lines(r));
+    out
+}
+
+/// The role's first line: its processes, then what it counted.
+fn role_header(r: &RoleRow) -> String {
     let mut out = r.role.clone();
     let plural = if r.processes == 1 { "" } else { "es" };
     let pids: Vec<String> = r.pids.iter().map(u32::to_string).collect();
@@ -103,27 +112,28 @@ fn role_block(r: &RoleRow) -> String {
         let _ = write!(out, ", {} exited", r.counts[Count::Exited].count);
     }
     out.push(')');
-    if r.latency[Latency::Accept].total > 0 {
+    let accept = &r.latency[Latency::Accept];
+    if accept.total > 0 {
         let _ = write!(
             out,
             "  accepts {} ({:.1}/s)",
-            r.latency[Latency::Accept].latency.count,
-            r.latency[Latency::Accept].rate_per_s
+            accept.latency.count, accept.rate_per_s
         );
     }
     if r.counts[Count::AcceptUntimed].total > 0 {
         let _ = write!(
             out,
-            "  accepts of unknown latency {} (blocked in accept() before the probes attached)",
+            "  {} {} (blocked in accept() before the probes attached)",
+            Count::AcceptUntimed.decl().label,
             r.counts[Count::AcceptUntimed].count
         );
     }
-    if r.latency[Latency::Fork].total > 0 {
+    let fork = &r.latency[Latency::Fork];
+    if fork.total > 0 {
         let _ = write!(
             out,
             "  forks {} ({:.1}/s",
-            r.latency[Latency::Fork].latency.count,
-            r.latency[Latency::Fork].rate_per_s
+            fork.latency.count, fork.rate_per_s
         );
         if let Some(ratio) = r.forks_per_accept {
             let _ = write!(out, ", {ratio:.2} per accept");
@@ -137,64 +147,67 @@ fn role_block(r: &RoleRow) -> String {
             r.latency[Latency::Thread].latency.count
         );
     }
-    for (label, c) in [
-        ("failed forks", r.counts[Count::ForkFailed]),
-        ("forks of unseen kind", r.counts[Count::ForkUnknown]),
-        ("execs", r.counts[Count::Execs]),
-        ("children exec'd", r.counts[Count::ChildrenExec]),
-    ] {
-        if c.total > 0 {
-            let _ = write!(out, "  {label} {}", c.count);
+    // Every other declared count, by its label, once it has counted.
+    for (count, c) in r.counts.iter() {
+        if !matches!(count, Count::Exited | Count::AcceptUntimed) && c.total > 0 {
+            let _ = write!(out, "  {} {}", count.decl().label, c.count);
         }
     }
-    if r.latency[Latency::Fork].total > 0 || r.children_alive > 0 {
+    if fork.total > 0 || r.children_alive > 0 {
         let _ = write!(out, "  children alive {}", r.children_alive);
     }
     out.push('\n');
-    for (label, m) in [
-        ("accept latency", &r.latency[Latency::Accept]),
-        ("accept queue", &r.latency[Latency::AcceptQueue]),
-        ("fork latency", &r.latency[Latency::Fork]),
-        ("thread latency", &r.latency[Latency::Thread]),
-        ("child lifetime", &r.latency[Latency::ChildLifetime]),
-    ] {
-        if m.latency.count > 0 {
+    out
+}
+
+/// A percentile line per declared latency with samples in the period
+/// (connects are per destination, below).
+fn latency_lines(r: &RoleRow) -> String {
+    let mut out = String::new();
+    for (l, m) in r.latency.iter() {
+        if l.decl().per != Per::Destination && m.latency.count > 0 {
+            let label = l.decl().label;
             let _ = writeln!(out, "  {label:<15} {}", percentile_line(&m.latency));
         }
     }
-    // Apart only when the role accepts from more than one listener.
+    out
+}
+
+/// Per listener, only when the role accepts from more than one.
+fn listener_lines(r: &RoleRow) -> String {
+    let mut out = String::new();
     let active: Vec<_> = r
         .listeners
         .iter()
         .filter(|l| l.latency[Latency::Accept].latency.count > 0)
         .collect();
-    if active.len() > 1 {
-        for l in active {
-            let backlog = match (l.backlog, l.max_backlog) {
-                (Some(n), Some(max)) => format!("  backlog {n}/{max}"),
-                _ => String::new(),
-            };
-            let _ = writeln!(
-                out,
-                "  from {}  accepts {} ({:.1}/s){backlog}",
-                l.listener,
-                l.latency[Latency::Accept].latency.count,
-                l.latency[Latency::Accept].rate_per_s
-            );
-            let _ = writeln!(
-                out,
-                "    accept latency  {}",
-                percentile_line(&l.latency[Latency::Accept].latency)
-            );
-            if l.latency[Latency::AcceptQueue].latency.count > 0 {
-                let _ = writeln!(
-                    out,
-                    "    accept queue    {}",
-                    percentile_line(&l.latency[Latency::AcceptQueue].latency)
-                );
+    if active.len() < 2 {
+        return out;
+    }
+    for l in active {
+        let backlog = match (l.backlog, l.max_backlog) {
+            (Some(n), Some(max)) => format!("  backlog {n}/{max}"),
+            _ => String::new(),
+        };
+        let accept = &l.latency[Latency::Accept];
+        let _ = writeln!(
+            out,
+            "  from {}  accepts {} ({:.1}/s){backlog}",
+            l.listener, accept.latency.count, accept.rate_per_s
+        );
+        for (latency, m) in l.latency.iter() {
+            if m.latency.count > 0 {
+                let label = latency.decl().label;
+                let _ = writeln!(out, "    {label:<15} {}", percentile_line(&m.latency));
             }
         }
     }
+    out
+}
+
+/// Per destination the role connected to.
+fn connect_lines(r: &RoleRow) -> String {
+    let mut out = String::new();
     for c in &r.connects {
         let tried = c.latency.latency.count + c.refused.count + c.failed.count;
         if tried == 0 {
@@ -215,7 +228,8 @@ fn role_block(r: &RoleRow) -> String {
         if c.latency.latency.count > 0 {
             let _ = writeln!(
                 out,
-                "    connect latency {}",
+                "    {:<15} {}",
+                Latency::Connect.decl().label,
                 percentile_line(&c.latency.latency)
             );
         }

@@ -14,7 +14,7 @@ use ratatui::{
     widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Sparkline, Table, TableState, Wrap},
 };
 
-use stackprobe_model::measure::{Count, Latency};
+use stackprobe_model::measure::{Count, Latency, Per};
 use stackprobe_model::{
     containers,
     histogram::{Summary, duration},
@@ -547,31 +547,26 @@ fn percentile_row(name: &str, s: &Summary) -> Row<'static> {
 
 fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'_>) {
     let r = line.role;
-    let mut rows = vec![
-        ("accept".to_string(), &r.latency[Latency::Accept].latency),
-        (
-            "accept queue".to_string(),
-            &r.latency[Latency::AcceptQueue].latency,
-        ),
-        ("fork".to_string(), &r.latency[Latency::Fork].latency),
-        (
-            "child life".to_string(),
-            &r.latency[Latency::ChildLifetime].latency,
-        ),
-    ];
+    // Every declared latency but connects (per destination, below).
+    let mut rows: Vec<(String, &Summary)> = r
+        .latency
+        .iter()
+        .filter(|(l, _)| l.decl().per != Per::Destination)
+        .map(|(l, m)| (l.decl().short.to_string(), &m.latency))
+        .collect();
     // A role accepting from more than one listener: each one's accepts and
-    // queue wait, under the role's.
+    // its other latencies kept per listener, under the role's.
     if r.listeners.len() > 1 {
         for l in &r.listeners {
-            rows.push((
-                format!("from {}", l.listener),
-                &l.latency[Latency::Accept].latency,
-            ));
-            if l.latency[Latency::AcceptQueue].total > 0 {
-                rows.push((
-                    "  queue".to_string(),
-                    &l.latency[Latency::AcceptQueue].latency,
-                ));
+            for (latency, m) in l.latency.iter() {
+                let label = if latency == Latency::Accept {
+                    format!("from {}", l.listener)
+                } else if m.total > 0 {
+                    format!("  {}", latency.decl().short)
+                } else {
+                    continue;
+                };
+                rows.push((label, &m.latency));
             }
         }
     }
