@@ -7,7 +7,10 @@ use stackprobe_model::measure::{Count, Latency};
 use std::time::Duration;
 
 use clap::ValueEnum as _;
-use stackprobe_model::report::{Report, ReportKind};
+use stackprobe_model::{
+    probe_stats::Stat,
+    report::{Report, ReportKind},
+};
 use stackprobe_probes::{Options, rungs::ForkRung};
 use support::*;
 
@@ -159,13 +162,16 @@ fn thread_creations_are_all_counted_when_the_ring_buffer_overflows() {
     server.run(&format!("threads {n}"), &format!("threads {n}"));
     s.collect();
     let drops = s.collector.probes().drops().unwrap();
-    assert!(drops.lost.spawn > 0, "the ring never filled: {drops:?}");
-    assert_eq!(drops.lost.exit, 0, "{drops:?}");
-    assert_eq!(drops.hist_full, 0, "{drops:?}");
+    assert!(
+        drops.stat(Stat::LostSpawn) > 0,
+        "the ring never filled: {drops:?}"
+    );
+    assert_eq!(drops.stat(Stat::LostExit), 0, "{drops:?}");
+    assert_eq!(drops.stat(Stat::HistFull), 0, "{drops:?}");
     // Spawn events are what the report says is short.
     assert_eq!(
         drops.total(),
-        drops.lost.spawn + drops.lost.exec + drops.lost.tcp_state
+        drops.stat(Stat::LostSpawn) + drops.stat(Stat::LostExec) + drops.stat(Stat::LostTcpState)
     );
 
     let a = &s.collector.table().get(server.pid).unwrap().activity;

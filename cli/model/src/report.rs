@@ -648,9 +648,10 @@ mod tests {
     use crate::{
         event::{Event, ExitSample, HistMetric, SpawnSample, TaskKind},
         fixtures::kernel_hist,
-        probe_stats::RingLost,
+        probe_stats::Drops,
         process::LiveProcess,
     };
+    use probes_common::stats::Stat;
 
     /// `tgid`'s accepts taking `ns`, as one read of the kernel's histograms.
     fn accepts(tgid: u32, comm: &str, ns: &[u64]) -> Event {
@@ -864,14 +865,9 @@ mod tests {
         let mut t = table();
         t.reset_interval();
         t.apply(&accepts(2, "busy", &[500]));
-        let drops = Drops {
-            lost: RingLost {
-                exit: 2,
-                ..RingLost::default()
-            },
-            accept_slot_shared: 1,
-            ..Drops::default()
-        };
+        let drops = Drops::default()
+            .with(Stat::LostExit, 2)
+            .with(Stat::AcceptSlotShared, 1);
         let r = Report::build(
             ReportKind::Interval,
             &t,

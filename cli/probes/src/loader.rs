@@ -35,7 +35,7 @@ use super::{
 use crate::procfs;
 use stackprobe_model::{
     event::Event,
-    probe_stats::{Drops, LostEvents, ProbeKind, ProgramCost, RingLost, RungInUse},
+    probe_stats::{Drops, LostEvents, ProbeKind, ProgramCost, RungInUse},
 };
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probes"));
@@ -289,24 +289,10 @@ impl Probes {
 
     pub fn drops(&self) -> Result<Drops> {
         let counters = self.counters()?;
-        let read = |stat: Stat| counters.get(stat);
-        Ok(Drops {
-            lost: RingLost {
-                spawn: read(Stat::LostSpawn),
-                exec: read(Stat::LostExec),
-                exit: read(Stat::LostExit),
-                tcp_state: read(Stat::LostTcpState),
-            },
-            skipped: self.skipped_runs(&counters)?,
-            hist_full: read(Stat::HistFull),
-            accept_slot_shared: read(Stat::AcceptSlotShared),
-            watch_out_of_range: read(Stat::WatchOutOfRange),
-            fork_slot_shared: read(Stat::ForkSlotShared),
-            listen_owners_full: read(Stat::ListenOwnersFull),
-            tracked_insert_failed: read(Stat::TrackedInsertFailed),
-            link_map_full: read(Stat::LinkMapFull),
-            time_wait_map_full: read(Stat::TimeWaitMapFull),
-        })
+        Ok(Drops::from_stats(
+            |stat| counters.get(stat),
+            self.skipped_runs(&counters)?,
+        ))
     }
 
     /// Runs each program missed because a BPF program was already running

@@ -184,7 +184,7 @@ pub struct Snapshot {
     links: Vec<(LinkLabels, LinkNumbers)>,
     walk_age_s: f64,
     drops: u64,
-    lost: [(&'static str, u64); 4],
+    lost: Vec<(&'static str, u64)>,
     skipped: [(&'static str, u64); 7],
     cost: OwnCost,
     /// Per program: runs and run time in seconds, with `--probe-cost`.
@@ -267,7 +267,11 @@ impl Snapshot {
             links: links.into_iter().collect(),
             walk_age_s: report.tcp.walk_age_ms as f64 / 1e3,
             drops: report.drops,
-            lost: report.drops_by_cause.lost.by_kind(),
+            lost: report
+                .drops_by_cause
+                .ring_lost()
+                .map(|(c, n)| (c.name, n))
+                .collect(),
             skipped: report.drops_by_cause.skipped.by_kind(),
             cost,
             programs: report
@@ -395,7 +399,7 @@ impl Collector for Published {
             None,
             MetricType::Counter,
         )?;
-        for (kind, n) in s.lost {
+        for &(kind, n) in &s.lost {
             ConstCounter::new(n).encode(lost.encode_family(&[("kind", kind)])?)?;
         }
         let mut skipped = encoder.encode_descriptor(

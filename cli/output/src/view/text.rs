@@ -350,11 +350,9 @@ fn percentile_line(s: &Summary) -> String {
 fn drops_line(d: &Drops) -> String {
     let mut causes = Vec::new();
     let lost: Vec<String> = d
-        .lost
-        .by_kind()
-        .into_iter()
+        .ring_lost()
         .filter(|&(_, n)| n > 0)
-        .map(|(kind, n)| format!("{kind} {n}"))
+        .map(|(kind, n)| format!("{} {n}", kind.label))
         .collect();
     if !lost.is_empty() {
         causes.push(format!("ring buffer full: {}", lost.join(", ")));
@@ -372,18 +370,9 @@ fn drops_line(d: &Drops) -> String {
             skipped.join(", ")
         ));
     }
-    for (label, n) in [
-        ("histogram map full", d.hist_full),
-        ("accept slot shared", d.accept_slot_shared),
-        ("pid beyond watch set", d.watch_out_of_range),
-        ("fork slot shared", d.fork_slot_shared),
-        ("listener map full", d.listen_owners_full),
-        ("socket map insert failed", d.tracked_insert_failed),
-        ("link map full", d.link_map_full),
-        ("TIME_WAIT map full", d.time_wait_map_full),
-    ] {
+    for (cause, n) in d.causes() {
         if n > 0 {
-            causes.push(format!("{label} {n}"));
+            causes.push(format!("{} {n}", cause.label));
         }
     }
     format!("DROPS {} ({})", d.total(), causes.join("; "))
@@ -446,7 +435,7 @@ mod tests {
     use super::*;
     use stackprobe_model::{
         fixtures::{fork_per_connection, live},
-        probe_stats::{LostEvents, RingLost},
+        probe_stats::{LostEvents, Stat},
         process::ProcessTable,
     };
 
@@ -593,20 +582,17 @@ mod tests {
 
     #[test]
     fn drops_are_shown_with_their_causes() {
-        let text = render(&report(Drops {
-            lost: RingLost {
-                spawn: 5,
-                tcp_state: 4,
-                ..RingLost::default()
-            },
-            skipped: LostEvents {
-                tcp_state: 3,
-                ..LostEvents::default()
-            },
-            accept_slot_shared: 1,
-            fork_slot_shared: 2,
-            ..Drops::default()
-        }));
+        let skipped = LostEvents {
+            tcp_state: 3,
+            ..LostEvents::default()
+        };
+        let text = render(&report(
+            Drops::from_stats(|_| 0, skipped)
+                .with(Stat::LostSpawn, 5)
+                .with(Stat::LostTcpState, 4)
+                .with(Stat::AcceptSlotShared, 1)
+                .with(Stat::ForkSlotShared, 2),
+        ));
         assert!(
             text.contains("DROPS 15 (ring buffer full: spawn 5, tcp_state 4; skipped by the kernel (a BPF program was already running on that CPU): tcp_state 3; accept slot shared 1; fork slot shared 2)"),
             "{text}"
@@ -615,12 +601,12 @@ mod tests {
 
     #[test]
     fn failed_map_inserts_in_the_kernel_are_drops() {
-        let text = render(&report(Drops {
-            listen_owners_full: 1,
-            tracked_insert_failed: 2,
-            link_map_full: 3,
-            ..Drops::default()
-        }));
+        let text = render(&report(
+            Drops::default()
+                .with(Stat::ListenOwnersFull, 1)
+                .with(Stat::TrackedInsertFailed, 2)
+                .with(Stat::LinkMapFull, 3),
+        ));
         assert!(
             text.contains(
                 "DROPS 6 (listener map full 1; socket map insert failed 2; link map full 3)"
