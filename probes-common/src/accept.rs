@@ -67,8 +67,3 @@ pub const INET_CSK_ACCEPT: &str = "inet_csk_accept";
 pub const FEXIT_PROGRAMS: [(u32, &str); 2] =
     [(4, "inet_csk_accept_fexit4"), (2, "inet_csk_accept_fexit2")];
 pub const KRETPROBE_PROGRAM: &str = "inet_csk_accept_kretprobe";
-
-#[cfg(feature = "user")]
-mod user {
-    unsafe impl aya::Pod for super::AcceptStart {}
-}

@@ -107,7 +107,6 @@ crate::assert_layout!(ConnectStart, 24, { start_ns: 0, addr: 8, tid: 16, len: 20
 mod user {
     unsafe impl aya::Pod for super::TcpDestination {}
     unsafe impl aya::Pod for super::UnixDestination {}
-    unsafe impl aya::Pod for super::ConnectStart {}
 }
 
 #[cfg(test)]

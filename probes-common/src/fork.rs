@@ -87,11 +87,6 @@ pub struct ForkStart {
 
 crate::assert_layout!(ForkStart, 24, { start_ns: 0, flags: 8, tid: 16, flags_known: 20 });
 
-#[cfg(feature = "user")]
-mod user {
-    unsafe impl aya::Pod for super::ForkStart {}
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,9 +11,6 @@ use crate::fork::TaskKind;
 
 /// Per-CPU hash of [`HistKey`] → [`HistValue`].
 pub const HISTS_MAP: &str = "HISTS";
-/// One-entry per-CPU array holding a zeroed [`HistValue`]: a new key is
-/// inserted from it (the BPF stack is 512 bytes, a value is 9 KB).
-pub const HIST_ZERO_MAP: &str = "HIST_ZERO";
 /// Distinct (process, metric) pairs kept. The map allocates as keys
 /// appear (BPF_F_NO_PREALLOC), so memory follows the processes that accept
 /// or fork; userspace removes the keys of processes that exited. Past this a

@@ -367,11 +367,10 @@ crate::assert_layout!(LinkCounts, 32, {
     new_time_wait: 24,
 });
 
-/// Table from a TIME_WAIT socket's connection (4-tuple and network
-/// namespace, hashed) to who closed first. A timewait socket is a new
-/// object: its ends (the same `sock_common` members) are what the iterator
-/// can find it by.
-pub const TW_CLOSERS_MAP: &str = "TW_CLOSERS";
+/// Slots of the table from a TIME_WAIT socket's connection (4-tuple and
+/// network namespace, hashed) to who closed first (the kernel's
+/// TW_CLOSERS). A timewait socket is a new object: its ends (the same
+/// `sock_common` members) are what the iterator can find it by.
 pub const TW_CLOSERS_MAX_ENTRIES: u32 = 262_144;
 
 #[repr(C)]

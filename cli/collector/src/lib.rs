@@ -250,6 +250,7 @@ impl Collector {
         &self.table
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     pub fn table_mut(&mut self) -> &mut ProcessTable {
         &mut self.table
     }

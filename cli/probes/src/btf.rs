@@ -236,6 +236,7 @@ impl KernelBtf {
 
     /// Where in the BTF blob the offset of `struct name`'s direct member
     /// `member` is stored (tests patch it to prove a wrong offset is caught).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn member_offset_position(&self, name: &str, member: &str) -> Option<usize> {
         let id = self.struct_id(name)?;
         self.members(id)
@@ -245,6 +246,7 @@ impl KernelBtf {
 
     /// Byte offset of `member` in `struct name`, looking through anonymous
     /// unions and structs (`sock.__sk_common` holds `skc_*` inside some).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn member_offset(&self, name: &str, member: &str) -> Result<u32> {
         let id = self
             .struct_id(name)

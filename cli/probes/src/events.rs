@@ -1,6 +1,7 @@
-//! The collector: drains the ring buffer and turns each record into a model
-//! event (see `decode`). The probes do not wake us per event, so the caller
-//! drains at each report as well as when the kernel signals a filling ring.
+//! The ring buffer's reader: drains it and turns each record into a model
+//! event (see `decode`). The probes do not wake us per event, so the
+//! collector drains at each report as well as when the kernel signals a
+//! filling ring.
 
 use std::io;
 

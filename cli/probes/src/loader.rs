@@ -343,6 +343,7 @@ impl Probes {
     }
 
     /// Kernel ids of every loaded program, so tests can check they go away.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn program_ids(&self) -> Result<Vec<u32>> {
         self.loaded_programs()
             .map(|(name, p)| {

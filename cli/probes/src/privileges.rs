@@ -74,6 +74,7 @@ pub fn kept_mask() -> u64 {
 
 /// The permitted (and bounding) set after attaching: [`KEPT`] and
 /// [`ENTER_NAMESPACES`].
+#[cfg(any(test, feature = "test-support"))]
 pub fn permitted_mask() -> u64 {
     kept_mask() | ENTER_NAMESPACES.bitmask()
 }

@@ -1,5 +1,5 @@
 //! A loopback server and client whose every accept is known, for stackprobe's
-//! tests, benchmarks and demos. Bounded: it exits when stdin closes, after
+//! tests and benchmarks (the demo's servers are `stackprobe demo-server`). Bounded: it exits when stdin closes, after
 //! its commands, and in any case after `--max-seconds`.
 //!
 //! `stackprobe-loopback serve --tcp 127.0.0.1:0 [--unix PATH] [--backlog N]`
