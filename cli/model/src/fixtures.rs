@@ -1,5 +1,8 @@
 //! Test fixtures: model states built from what the probes would hand over —
-//! ring buffer events, and reads of the kernel's latency histograms.
+//! ring buffer events, and reads of the kernel's latency histograms — and
+//! the reports the collector would build of them.
+
+use std::time::Duration;
 
 use probes_common::hist::{HistKey, HistValue};
 
@@ -7,7 +10,12 @@ use super::{
     event::{Event, ExitSample, HistMetric, SpawnSample, TaskKind},
     process::{LiveProcess, ProcessTable},
 };
-use crate::kernel_hist::HistReads;
+use crate::{
+    insights,
+    kernel_hist::HistReads,
+    probe_stats::Drops,
+    report::{Report, ReportKind},
+};
 
 /// A live process with no parent known.
 pub fn live(pid: u32, name: &str) -> LiveProcess {
@@ -85,5 +93,75 @@ pub fn fork_per_connection(
             tgid: 100 + i as u32,
             ts_ns: lifetime_ns,
         }));
+    }
+}
+
+/// The report the collector builds of `table` after its first second: the
+/// last interval, one second long, nothing dropped, no insights.
+pub fn interval_report(table: &ProcessTable) -> Report {
+    report(table).build()
+}
+
+/// A report of `table` that differs from [`interval_report`]'s in what a
+/// test sets: `report(&t).at(3).drops(d).build()`.
+pub fn report(table: &ProcessTable) -> ReportFixture<'_> {
+    ReportFixture {
+        table,
+        kind: ReportKind::Interval,
+        elapsed_s: 1,
+        drops: Drops::default(),
+        insights: false,
+    }
+}
+
+/// What [`report`] builds: a report of a one-second interval, or the
+/// summary.
+pub struct ReportFixture<'a> {
+    table: &'a ProcessTable,
+    kind: ReportKind,
+    elapsed_s: u64,
+    drops: Drops,
+    insights: bool,
+}
+
+impl ReportFixture<'_> {
+    /// Everything since the start, not the last interval.
+    pub fn summary(self) -> Self {
+        Self {
+            kind: ReportKind::Summary,
+            ..self
+        }
+    }
+
+    /// `elapsed_s` seconds after the start.
+    pub fn at(self, elapsed_s: u64) -> Self {
+        Self { elapsed_s, ..self }
+    }
+
+    /// With what the probes dropped.
+    pub fn drops(self, drops: Drops) -> Self {
+        Self { drops, ..self }
+    }
+
+    /// With its insights, as the collector annotates each report.
+    pub fn with_insights(self) -> Self {
+        Self {
+            insights: true,
+            ..self
+        }
+    }
+
+    pub fn build(self) -> Report {
+        let mut report = Report::build(
+            self.kind,
+            self.table,
+            Duration::from_secs(1),
+            Duration::from_secs(self.elapsed_s),
+            self.drops,
+        );
+        if self.insights {
+            insights::annotate(&mut report);
+        }
+        report
     }
 }

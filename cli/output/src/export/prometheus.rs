@@ -626,30 +626,17 @@ mod tests {
 
     use super::*;
     use stackprobe_model::{
-        event::HistMetric, fixtures::kernel_hist, probe_stats::Drops, process::LiveProcess,
-        report::ReportKind,
+        event::HistMetric,
+        fixtures::{self, kernel_hist, kernel_hist_from, live},
     };
 
     #[test]
     fn buckets_are_cumulative_and_exact() {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[LiveProcess {
-            pid: 1,
-            name: "nginx".into(),
-            title: None,
-            parent: None,
-            container: None,
-            ns_pid: None,
-        }]);
+        t.sync_watched(&[live(1, "nginx")]);
         let samples = [1_023, 1_024, 5_000, 2_000_000];
         t.apply(&kernel_hist(1, "nginx", HistMetric::Accept, &samples));
-        let report = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        );
+        let report = fixtures::interval_report(&t);
         let s = Snapshot::take(&t, &report, OwnCost::default());
         let h = &s.histograms[0];
         assert_eq!((h.role.as_str(), h.metric, h.count), ("nginx", "accept", 4));
@@ -686,20 +673,14 @@ mod tests {
     #[test]
     fn a_protobuf_scrape_carries_native_histograms_and_the_text_one_classic_buckets() {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[stackprobe_model::fixtures::live(1, "nginx")]);
+        t.sync_watched(&[live(1, "nginx")]);
         t.apply(&kernel_hist(
             1,
             "nginx",
             HistMetric::Accept,
             &[10_000, 10_000, 20_000],
         ));
-        let report = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        );
+        let report = fixtures::interval_report(&t);
         let snapshot = Arc::new(Mutex::new(Snapshot::take(&t, &report, OwnCost::default())));
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Published(snapshot)));
@@ -742,10 +723,8 @@ mod tests {
     #[test]
     fn connects_are_per_destination_with_their_path_and_failures_by_reason() {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[stackprobe_model::fixtures::live(1, "php")]);
-        let from = |metric, path, ns: &[u64]| {
-            stackprobe_model::fixtures::kernel_hist_from(1, "php", metric, Some(path), ns)
-        };
+        t.sync_watched(&[live(1, "php")]);
+        let from = |metric, path, ns: &[u64]| kernel_hist_from(1, "php", metric, Some(path), ns);
         t.apply(&from(
             HistMetric::Connect,
             "127.0.0.1:5432",
@@ -754,13 +733,7 @@ mod tests {
         t.apply(&from(HistMetric::ConnectRefused, "127.0.0.1:5432", &[0]));
         t.apply(&from(HistMetric::Connect, "/run/pg.sock", &[5_000]));
         t.apply(&from(HistMetric::ConnectFailed, "/run/gone.sock", &[0, 0]));
-        let report = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        );
+        let report = fixtures::interval_report(&t);
         let snapshot = Arc::new(Mutex::new(Snapshot::take(&t, &report, OwnCost::default())));
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Published(snapshot)));
@@ -780,16 +753,10 @@ mod tests {
     #[test]
     fn each_declared_count_is_a_counter_by_metric_with_its_help() {
         let mut t = ProcessTable::default();
-        t.sync_watched(&[stackprobe_model::fixtures::live(1, "srv")]);
+        t.sync_watched(&[live(1, "srv")]);
         t.apply(&kernel_hist(1, "srv", HistMetric::AcceptUntimed, &[0, 0]));
         t.apply(&kernel_hist(1, "srv", HistMetric::ForkFailed, &[0]));
-        let report = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        );
+        let report = fixtures::interval_report(&t);
         let snapshot = Arc::new(Mutex::new(Snapshot::take(&t, &report, OwnCost::default())));
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Published(snapshot)));

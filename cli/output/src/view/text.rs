@@ -430,11 +430,9 @@ pub fn process_list(procs: &[(u32, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use stackprobe_model::{
-        fixtures::{fork_per_connection, live},
+        fixtures::{self, fork_per_connection, live},
         probe_stats::{LostEvents, Stat},
         process::ProcessTable,
     };
@@ -453,13 +451,7 @@ mod tests {
             2,
             9_000_000,
         );
-        Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(3),
-            drops,
-        )
+        fixtures::report(&t).at(3).drops(drops).build()
     }
 
     #[test]
@@ -472,13 +464,7 @@ mod tests {
         p.ns_pid = Some(1);
         t.sync_watched(&[p]);
         fork_per_connection(&mut t, 5120, "postgres", &[2_000], 100_000, 0, 0);
-        let text = render(&Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        ));
+        let text = render(&fixtures::interval_report(&t));
         assert!(
             text.lines()
                 .any(|l| l.starts_with("postgres postmaster [4f2a9c1be07d] (1 process: 5120)")),
@@ -545,7 +531,7 @@ mod tests {
 
     #[test]
     fn a_role_with_two_listeners_shows_each() {
-        use stackprobe_model::{event::HistMetric, fixtures::kernel_hist_from, report::ReportKind};
+        use stackprobe_model::{event::HistMetric, fixtures::kernel_hist_from};
         let mut t = ProcessTable::default();
         t.sync_watched(&[live(42, "postgres")]);
         for (listener, samples) in [
@@ -560,14 +546,7 @@ mod tests {
                 samples,
             ));
         }
-        let r = Report::build(
-            ReportKind::Summary,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            stackprobe_model::probe_stats::Drops::default(),
-        );
-        let text = render(&r);
+        let text = render(&fixtures::report(&t).summary().build());
         assert!(
             text.contains(
                 "  from 127.0.0.1:5432  accepts 2 (2.0/s)\n    accept latency  min 8.0µs"

@@ -788,16 +788,13 @@ fn render_help(frame: &mut Frame, area: Rect, report: Option<&Report>) {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use ratatui::{Terminal, backend::TestBackend, crossterm::event::KeyEvent};
 
     use super::*;
     use stackprobe_model::{
-        fixtures::{fork_per_connection, live},
-        probe_stats::{Drops, RungInUse},
+        fixtures::{self, fork_per_connection, live},
+        probe_stats::RungInUse,
         process::ProcessTable,
-        report::ReportKind,
     };
 
     /// A postmaster that accepted 412 connections in a second and forked a
@@ -807,15 +804,7 @@ mod tests {
         t.sync_watched(&[live(1, "postgres"), live(2, "nginx")]);
         let latencies: Vec<u64> = (0..412).map(|i| 2_000 + i).collect();
         fork_per_connection(&mut t, 1, "postgres", &latencies, 90_000, 412, 9_000_000);
-        let mut report = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(5),
-            Drops::default(),
-        );
-        stackprobe_model::insights::annotate(&mut report);
-        report
+        fixtures::report(&t).at(5).with_insights().build()
     }
 
     fn screen(d: &Dashboard, w: u16, h: u16) -> (String, ratatui::buffer::Buffer) {
@@ -933,15 +922,8 @@ mod tests {
                 &samples,
             ));
         }
-        let report = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        );
         let mut d = Dashboard::new(false);
-        d.update(report, status());
+        d.update(fixtures::interval_report(&t), status());
         d.key(KeyEvent::from(KeyCode::Enter));
         let (text, _) = screen(&d, 100, 30);
         let row = |name: &str| {
@@ -978,13 +960,7 @@ mod tests {
         d.key(key('p'));
         assert!(d.is_paused());
         d.update(
-            Report::build(
-                ReportKind::Interval,
-                &ProcessTable::default(),
-                Duration::from_secs(1),
-                Duration::from_secs(6),
-                Drops::default(),
-            ),
+            fixtures::report(&ProcessTable::default()).at(6).build(),
             status(),
         );
         assert!(screen(&d, 80, 24).0.contains("PAUSED"));
