@@ -1,0 +1,187 @@
+//! The report's rows per role: each declared latency and count summed over
+//! the role's processes (live ones and those that exited), with their
+//! accepts per listener and their connects per destination.
+
+use serde::Serialize;
+
+use super::{CountRow, ListenerRow, MetricRow, Period, path_kind};
+use crate::{
+    containers,
+    measure::{Count, Counts, Latencies, Latency, ListenerLatencies},
+    process::{Activity, ProcessTable, Span},
+    sockets::netns_suffix,
+};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RoleRow {
+    /// The role, with its container's label in brackets for processes in
+    /// a container (roles are per container).
+    pub role: String,
+    /// The container's name, else its short id; null outside containers.
+    pub container: Option<String>,
+    /// Live processes in the role.
+    pub processes: usize,
+    /// Some of their pids (at most [`PIDS_SHOWN`]).
+    pub pids: Vec<u32>,
+    /// Each declared latency ([`crate::measure::LATENCIES`]), a field of
+    /// its own in JSON.
+    #[serde(flatten)]
+    pub latency: Latencies<MetricRow>,
+    /// Each declared count ([`crate::measure::COUNTS`]), likewise.
+    #[serde(flatten)]
+    pub counts: Counts<CountRow>,
+    /// Processes forked per accepted connection over the period (null
+    /// without accepts).
+    pub forks_per_accept: Option<f64>,
+    /// Children of the role's processes alive now.
+    pub children_alive: usize,
+    /// `accept` and `accept_queue` per listening socket the role's
+    /// processes accepted from, busiest first.
+    pub listeners: Vec<ListenerLatencyRow>,
+    /// The role's connects per destination, busiest first.
+    pub connects: Vec<ConnectRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ConnectRow {
+    /// `127.0.0.1:5432`, `[::1]:80`, a unix socket's path (`@name` in the
+    /// abstract namespace), or `(unknown destination)`.
+    pub destination: String,
+    /// `tcp` or `unix`.
+    pub path: &'static str,
+    /// Successful connects: TCP, from the SYN to ESTABLISHED (the
+    /// handshake, which a non-blocking connect does not wait for); unix,
+    /// the connect() call.
+    pub latency: MetricRow,
+    /// Refused: a reset answering the SYN, or a unix socket nobody listens on.
+    pub refused: CountRow,
+    /// Failed otherwise: timed out, unreachable, no such socket file, a
+    /// full unix backlog, or closed before it completed.
+    pub failed: CountRow,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ListenerLatencyRow {
+    /// `127.0.0.1:5432`, `[::1]:80`, a unix socket's path (`@name` in the
+    /// abstract namespace), or `(unknown listener)`.
+    pub listener: String,
+    /// The latencies declared [`Per::Listener`] (accept, accept_queue).
+    #[serde(flatten)]
+    pub latency: ListenerLatencies<MetricRow>,
+    /// A TCP listener's connections waiting to be accepted now, and the
+    /// limit, as the last walk of the sockets found them; null for a unix
+    /// socket (the walk covers TCP only) or a listener it did not find.
+    pub backlog: Option<u32>,
+    pub max_backlog: Option<u32>,
+}
+
+pub const PIDS_SHOWN: usize = 16;
+
+impl RoleRow {
+    /// No live process and nothing in the period: a role whose processes
+    /// all exited before it, or that was only ever a name. It has no row.
+    fn is_empty(&self) -> bool {
+        self.processes == 0
+            && self.latency.iter().all(|(_, m)| m.latency.count == 0)
+            && self.counts.iter().all(|(_, c)| c.count == 0)
+            && self
+                .connects
+                .iter()
+                .all(|c| c.latency.latency.count + c.refused.count + c.failed.count == 0)
+    }
+}
+
+/// A row per role with something to show, busiest first.
+pub(super) fn role_rows(p: &Period, table: &ProcessTable, span: Span) -> Vec<RoleRow> {
+    let mut roles: Vec<RoleRow> = table
+        .roles(span)
+        .into_iter()
+        .map(|(role, (pids, activity))| role_row(p, table, role, &pids, &activity))
+        .filter(|row| !row.is_empty())
+        .collect();
+    roles.sort_by(|a, b| {
+        (b.latency[Latency::Accept].total + b.latency[Latency::Fork].total)
+            .cmp(&(a.latency[Latency::Accept].total + a.latency[Latency::Fork].total))
+            .then(b.processes.cmp(&a.processes))
+            .then(a.role.cmp(&b.role))
+    });
+    roles
+}
+
+fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Activity) -> RoleRow {
+    let latency = a.latency.map(|m| p.metric(m));
+    let counts = a.counts.map(|c| p.count(c));
+    let accepted = latency[Latency::Accept].latency.count + counts[Count::AcceptUntimed].count;
+    let forks = latency[Latency::Fork].latency.count;
+    let forks_per_accept = (accepted > 0).then(|| forks as f64 / accepted as f64);
+    RoleRow {
+        container: containers::split_role(&role).1.map(str::to_string),
+        role,
+        processes: pids.len(),
+        pids: pids.iter().copied().take(PIDS_SHOWN).collect(),
+        latency,
+        counts,
+        forks_per_accept,
+        children_alive: pids.iter().map(|&pid| table.children_alive(pid)).sum(),
+        listeners: listener_rows(p, a),
+        connects: connect_rows(p, a),
+    }
+}
+
+fn connect_rows(p: &Period, a: &Activity) -> Vec<ConnectRow> {
+    let mut rows: Vec<ConnectRow> = a
+        .connects
+        .iter()
+        .map(|(name, c)| ConnectRow {
+            path: path_kind(name),
+            destination: name.clone(),
+            latency: p.metric(&c.latency),
+            refused: p.count(&c.refused),
+            failed: p.count(&c.failed),
+        })
+        .collect();
+    let tried = |r: &ConnectRow| r.latency.total + r.refused.total + r.failed.total;
+    rows.sort_by(|a, b| {
+        tried(b)
+            .cmp(&tried(a))
+            .then(a.destination.cmp(&b.destination))
+    });
+    rows
+}
+
+/// Each of the role's TCP listeners' backlog, from the walk's listener of
+/// that address held by one of the role's processes.
+pub(super) fn attach_backlogs(role: &mut RoleRow, walked: &[ListenerRow], table: &ProcessTable) {
+    for l in &mut role.listeners {
+        // The walk names a listener in another namespace with its suffix;
+        // its process names it without.
+        let found = walked.iter().find(|w| {
+            w.address.strip_suffix(&netns_suffix(w.netns)) == Some(l.listener.as_str())
+                && table.get(w.pid).is_some_and(|p| p.role() == role.role)
+        });
+        if let Some(w) = found {
+            l.backlog = Some(w.backlog);
+            l.max_backlog = Some(w.max_backlog);
+        }
+    }
+}
+
+fn listener_rows(p: &Period, a: &Activity) -> Vec<ListenerLatencyRow> {
+    let mut rows: Vec<ListenerLatencyRow> = a
+        .listeners
+        .iter()
+        .map(|(name, l)| ListenerLatencyRow {
+            listener: name.clone(),
+            latency: ListenerLatencies(l.latency.map(|m| p.metric(m))),
+            backlog: None,
+            max_backlog: None,
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.latency[Latency::Accept]
+            .total
+            .cmp(&a.latency[Latency::Accept].total)
+            .then(a.listener.cmp(&b.listener))
+    });
+    rows
+}
