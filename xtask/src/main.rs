@@ -6,6 +6,7 @@
 mod bench;
 mod install;
 mod lab;
+mod layers;
 mod module_graph;
 mod process;
 mod setup;
@@ -38,8 +39,9 @@ enum Task {
     /// Set up, build and install `stackprobe` into /usr/local/bin, and the
     /// agent's systemd unit (enabled only with --enable-agent).
     Install(install::InstallArgs),
-    /// Set up, then run the whole test suite: formatting, clippy, module
-    /// cycles (check-modules), unit tests, the root-only integration tests
+    /// Set up, then run the whole test suite: formatting, clippy, the
+    /// layers' dependencies (check-layers), module cycles (check-modules),
+    /// unit tests, the root-only integration tests
     /// that load the real probes, and the probe tests again inside Debian's
     /// 6.1 and 6.12 kernels under qemu.
     Test {
@@ -47,6 +49,9 @@ enum Task {
         #[arg(long)]
         no_vm: bool,
     },
+    /// Fails if one of cli's layer crates depends on a crate it may not
+    /// (one above it, or the kernel or a terminal for the model).
+    CheckLayers,
     /// Fails if the modules of a crate depend on each other in a cycle.
     /// With no DIRS, the source roots `test` checks.
     CheckModules {
@@ -118,6 +123,7 @@ fn main() -> ExitCode {
         Task::Test { no_vm } => setup::run()
             .and_then(|()| setup::apt_packages(&lab::PACKAGES))
             .and_then(|()| tasks::test(!no_vm)),
+        Task::CheckLayers => layers::check(),
         Task::CheckModules { root, dirs } => {
             let root = root.unwrap_or_else(process::workspace_root);
             if dirs.is_empty() {

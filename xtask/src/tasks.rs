@@ -8,7 +8,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    module_graph,
+    layers, module_graph,
     process::{cargo, is_root, run_cmd, workspace_root},
     vm,
 };
@@ -51,6 +51,7 @@ pub fn test(vm: bool) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    layers::check()?;
     module_graph::check(&workspace_root(), &module_graph::CHECKED)?;
     // The eBPF crate builds only for the BPF target, with nightly and
     // build-std (as aya-build does it), in a target dir of its own.
