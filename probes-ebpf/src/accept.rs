@@ -13,7 +13,7 @@ use aya_log_ebpf::debug;
 use probes_common::{accept::SOCK_FROM_HOOK, hist::HistMetric, stats::Stat};
 
 use crate::{
-    clock::now, events, hist, memory, offsets::offset_globals, slots, tcp_links, tracked,
+    clock::now, events, hist, memory, offsets::offset_globals, slots, tcp_links, tcp_sock, tracked,
     watch_set::is_watched,
 };
 
@@ -213,7 +213,7 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     let arrived = match tracked {
         // SAFETY: see tracked::get; copied out at once.
         Some(p) => unsafe { Some(((*p.as_ptr()).lport, (*p.as_ptr()).netns)) },
-        None => tcp_links::port_and_netns(sk),
+        None => tcp_sock::port_and_netns(sk),
     };
     if let Some((port, netns)) = arrived {
         tcp_links::accepted(port, netns, tgid, is_watched);

@@ -17,9 +17,12 @@
 //! socket a walk counts.
 
 use aya_ebpf::{bindings::BPF_F_MMAPABLE, macros::map, maps::Array};
-use probes_common::sock::{Closer, TW_CLOSERS_MAX_ENTRIES};
+use probes_common::{
+    sock::{Closer, TW_CLOSERS_MAX_ENTRIES},
+    stats::Stat,
+};
 
-use crate::clock::now;
+use crate::{clock::now, events, tcp_sock::Ends};
 
 /// How long a timewait socket lives (TCP_TIMEWAIT_LEN, fixed in Linux), with
 /// a margin for a timer that fires late. A peer's retransmitted FIN restarts
@@ -58,9 +61,9 @@ const _: () = assert!(size_of::<Slot>() == 16);
 #[map]
 static TW_CLOSERS: Array<Slot> = Array::with_max_entries(TW_CLOSERS_MAX_ENTRIES, BPF_F_MMAPABLE);
 
-/// One word into a connection's 64-bit hash (a multiplicative mix); the
-/// caller folds the connection's words through it (tcp_links, which knows
-/// them).
+/// One word into a connection's 64-bit hash (a multiplicative mix): see
+/// [`Ends::connection_hash`] (and a destination's id, which folds its words
+/// the same way).
 #[inline(always)]
 pub fn mix(h: u64, w: u64) -> u64 {
     (h ^ w).wrapping_mul(GOLDEN).rotate_left(29)
@@ -100,6 +103,43 @@ fn same_ends(tag: u64, hash: u64) -> bool {
 #[inline(always)]
 fn slot(i: u32) -> Option<*mut Slot> {
     TW_CLOSERS.get_ptr_mut(i & (TW_CLOSERS_MAX_ENTRIES - 1))
+}
+
+/// Notes who closed the socket with these ends first (`owner`, from its
+/// `side`): its timewait socket, which has the same ends, is theirs. Not
+/// inlined, to keep the state probe's own stack small.
+#[inline(never)]
+pub fn note_closer(e: &Ends, owner: u32, side: u8) {
+    let closer = Closer {
+        owner,
+        side,
+        _pad: [0; 3],
+    };
+    if !note(e.connection_hash(), closer) {
+        events::count(Stat::TimeWaitMapFull);
+    }
+}
+
+impl Ends {
+    /// What names the connection, whatever its state (a timewait socket has
+    /// the same), as one hash: its family, ports, addresses and namespace.
+    #[inline(always)]
+    pub fn connection_hash(&self) -> u64 {
+        let word = |b: &[u8; 16], i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        };
+        let ports =
+            u64::from(self.family) | u64::from(self.lport) << 16 | u64::from(self.rport_be) << 32;
+        let mut h = mix(0, ports);
+        h = mix(h, u64::from(self.netns));
+        h = mix(h, word(&self.laddr, 0));
+        h = mix(h, word(&self.laddr, 1));
+        h = mix(h, word(&self.raddr, 0));
+        h = mix(h, word(&self.raddr, 1));
+        finish(h)
+    }
 }
 
 /// Notes who closed the socket with these ends first. When all its set's

@@ -10,6 +10,8 @@ use aya_ebpf::{
 };
 use probes_common::connect::{DESTINATIONS_MAX_ENTRIES, TcpDestination, UnixDestination};
 
+use crate::{closers, tcp_sock::Ends};
+
 /// LRU: entries are never deleted (many processes share a destination),
 /// and one not connected to for long may make room. An insert takes a
 /// lock, but happens once per destination.
@@ -59,6 +61,32 @@ pub fn name_unix(id: u64, d: &UnixDestination) {
     // SAFETY: only whether the entry exists is used.
     if unsafe { UNIX_DESTINATIONS.get(id) }.is_none() {
         let _ = UNIX_DESTINATIONS.insert(id, d, 0);
+    }
+}
+
+impl Ends {
+    /// Where an active socket connects to, and the id its connect samples
+    /// carry: a hash of the remote address, port and namespace (a unix
+    /// destination's id hashes its path; see probes_common::connect).
+    #[inline(always)]
+    pub fn destination(&self) -> (u64, TcpDestination) {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&self.raddr[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        };
+        let port = u16::from_be(self.rport_be);
+        let mut h = closers::mix(0, u64::from(self.family) | u64::from(port) << 16);
+        h = closers::mix(h, u64::from(self.netns));
+        h = closers::mix(h, word(0));
+        h = closers::mix(h, word(1));
+        let d = TcpDestination {
+            family: self.family,
+            port,
+            netns: self.netns,
+            addr: self.raddr,
+        };
+        (closers::finish(h) | 1, d)
     }
 }
 

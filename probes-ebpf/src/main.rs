@@ -30,6 +30,7 @@ mod memory;
 mod offsets;
 mod slots;
 mod tcp_links;
+mod tcp_sock;
 mod tracked;
 mod watch_set;
 

@@ -15,7 +15,8 @@ use probes_common::sock::{
 
 use crate::{
     offsets::offset_globals,
-    tcp_links::{self, Sock as _, SockBtf},
+    tcp_links,
+    tcp_sock::{self, Sock as _, SockBtf},
 };
 
 probes_common::sock_iter_members!(offset_globals);
@@ -97,8 +98,8 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
     // sock_common part may be read.
     if rec.state != TCP_TIME_WAIT && rec.state != TCP_NEW_SYN_RECV {
         if rec.state == TCP_LISTEN {
-            rec.ack_backlog = tcp_links::read(sk, &SK_ACK_BACKLOG).unwrap_or(0);
-            rec.max_ack_backlog = tcp_links::read(sk, &SK_MAX_ACK_BACKLOG).unwrap_or(0);
+            rec.ack_backlog = tcp_sock::read(sk, &SK_ACK_BACKLOG).unwrap_or(0);
+            rec.max_ack_backlog = tcp_sock::read(sk, &SK_MAX_ACK_BACKLOG).unwrap_or(0);
         }
         rec.ino = inode(sk).unwrap_or(0);
     }
@@ -116,8 +117,8 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
 /// sk->sk_socket->file->f_inode->i_ino: the inode /proc/PID/fd links name.
 #[inline(always)]
 fn inode(sk: u64) -> Option<u64> {
-    let socket: u64 = tcp_links::read(sk, &SK_SOCKET).filter(|&p| p != 0)?;
-    let file: u64 = tcp_links::read(socket, &SOCKET_FILE).filter(|&p| p != 0)?;
-    let inode: u64 = tcp_links::read(file, &FILE_INODE).filter(|&p| p != 0)?;
-    tcp_links::read(inode, &INODE_INO)
+    let socket: u64 = tcp_sock::read(sk, &SK_SOCKET).filter(|&p| p != 0)?;
+    let file: u64 = tcp_sock::read(socket, &SOCKET_FILE).filter(|&p| p != 0)?;
+    let inode: u64 = tcp_sock::read(file, &FILE_INODE).filter(|&p| p != 0)?;
+    tcp_sock::read(inode, &INODE_INO)
 }

@@ -31,10 +31,10 @@ use probes_common::{
 
 use crate::{
     clock::now,
-    destinations, events, hist, memory,
+    closers, destinations, events, hist, memory,
     offsets::offset_globals,
-    slots,
-    tcp_links::{self, Ends, Sock, SockAt, SockBtf},
+    slots, tcp_links,
+    tcp_sock::{self, Ends, Sock, SockAt, SockBtf},
     tracked,
     watch_set::is_watched,
 };
@@ -229,12 +229,12 @@ pub fn tcp_state(ctx: TracePointContext) -> u32 {
     let Some(record) = memory::kernel::<[u8; RECORD_WINDOW]>(ctx.as_ptr() as u64) else {
         return 0;
     };
-    if tcp_links::at::<u16, RECORD_WINDOW>(&record, &TP_PROTOCOL) != IPPROTO_TCP {
+    if tcp_sock::at::<u16, RECORD_WINDOW>(&record, &TP_PROTOCOL) != IPPROTO_TCP {
         return 0;
     }
-    let sk: u64 = tcp_links::at(&record, &TP_SKADDR);
-    let old = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_OLDSTATE) as u8;
-    let new = tcp_links::at::<i32, RECORD_WINDOW>(&record, &TP_NEWSTATE) as u8;
+    let sk: u64 = tcp_sock::at(&record, &TP_SKADDR);
+    let old = tcp_sock::at::<i32, RECORD_WINDOW>(&record, &TP_OLDSTATE) as u8;
+    let new = tcp_sock::at::<i32, RECORD_WINDOW>(&record, &TP_NEWSTATE) as u8;
     // Classic tracepoints do not nest on a CPU: one copy.
     on_change(sk, SockAt(sk), old, new, Instance::First, || true);
     0
@@ -477,7 +477,7 @@ fn released_port(sk: u64, entry: &TrackedSocket, tracked: bool) -> u16 {
     if tracked && entry.side == SIDE_PASSIVE && entry.lport != 0 {
         entry.lport
     } else {
-        u16::from_be(tcp_links::read(sk, &INET_SPORT).unwrap_or(0))
+        u16::from_be(tcp_sock::read(sk, &INET_SPORT).unwrap_or(0))
     }
 }
 
@@ -529,7 +529,7 @@ fn note_time_wait_closer(key: &mut LinkKey, ends: &Ends, entry: &TrackedSocket, 
             },
         );
     }
-    tcp_links::note_closer(ends, entry.closer, entry.side);
+    closers::note_closer(ends, entry.closer, entry.side);
 }
 
 /// A connect closed before its SYN was answered: a sample of 0 under its
