@@ -26,6 +26,7 @@ struct Member<'a> {
     type_id: u32,
     bit_offset: u32,
     /// Where in the BTF blob the member's offset is stored.
+    #[cfg(any(test, feature = "test-support"))]
     offset_at: usize,
 }
 
@@ -197,6 +198,7 @@ impl KernelBtf {
                 } else {
                     offset
                 },
+                #[cfg(any(test, feature = "test-support"))]
                 offset_at: self.types_at + self.type_at[id as usize] as usize + (word + 2) * 4,
             }
         })
@@ -291,6 +293,7 @@ impl KernelBtf {
             .collect()
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     fn find(&self, id: u32, member: &str) -> Option<u32> {
         self.find_with_type(id, member).map(|(bits, _)| bits)
     }

@@ -21,7 +21,7 @@ pub mod procfs;
 pub mod prog_info;
 pub mod rungs;
 pub mod self_check;
-pub mod sock;
+pub mod tcp;
 pub mod tracefs;
 pub mod watch;
 

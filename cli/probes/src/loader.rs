@@ -27,7 +27,7 @@ use super::{
     kernel_log::{self, KernelLog},
     preflight, prog_info,
     rungs::{ForkRung, QueueRung, StateRung},
-    self_check, sock,
+    self_check, tcp,
     tracefs::Tracefs,
     watch,
     watch::WatchSet,
@@ -128,8 +128,8 @@ impl Probes {
             options.queue_rung,
         )?;
         connect::attach(&mut ebpf, &tracefs)?;
-        sock::load(&mut ebpf, &btf)?;
-        let state_rung = sock::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
+        tcp::load(&mut ebpf, &btf)?;
+        let state_rung = tcp::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
         // Nothing needs the kernel's BTF any more. Freed and handed back now,
         // before the self-check maps the ring (the kernel maps all its
         // pages at once, so they count as resident), the two do not add up.
@@ -213,15 +213,15 @@ impl Probes {
 
     /// Every TCP socket on the machine now, from the iterator.
     pub fn tcp_sockets(&mut self) -> Result<Vec<stackprobe_model::sockets::TcpSock>> {
-        sock::snapshot(&mut self.ebpf)
+        tcp::snapshot(&mut self.ebpf)
     }
 
     /// Walks every TCP socket of stackprobe's network namespace and of
     /// the others in `elsewhere` ((inode number, a process there)), the
     /// kernel counting TIME_WAIT sockets per link (walk number
     /// `generation`) and writing only listeners.
-    pub fn tcp_walk(&mut self, generation: u32, elsewhere: &[(u32, u32)]) -> Result<sock::Walked> {
-        sock::walk(&mut self.ebpf, generation, elsewhere)
+    pub fn tcp_walk(&mut self, generation: u32, elsewhere: &[(u32, u32)]) -> Result<tcp::Walked> {
+        tcp::walk(&mut self.ebpf, generation, elsewhere)
     }
 
     /// Every TCP link the kernel counts, with its totals since load.
@@ -233,7 +233,7 @@ impl Probes {
             stackprobe_model::links::LinkTotals,
         )>,
     > {
-        sock::links(&mut self.ebpf)
+        tcp::links(&mut self.ebpf)
     }
 
     /// Removes links from the kernel's count (their owners exited).
@@ -241,7 +241,7 @@ impl Probes {
         &mut self,
         links: &[stackprobe_model::links::KernelLink],
     ) -> Result<()> {
-        sock::forget_links(&mut self.ebpf, links)
+        tcp::forget_links(&mut self.ebpf, links)
     }
 
     /// Tells the kernel that `owner` listens on `port` in `netns`.
@@ -251,7 +251,7 @@ impl Probes {
         port: u16,
         owner: u32,
     ) -> Result<()> {
-        sock::set_listen_owner(&mut self.ebpf, netns, port, owner)
+        tcp::set_listen_owner(&mut self.ebpf, netns, port, owner)
     }
 
     /// The ring buffer every probe writes to; can be taken once.
@@ -383,11 +383,11 @@ impl KernelFacts {
                 accept::setup(tracefs, &btf, slots)?,
                 fork::setup(tracefs, &btf, slots)?,
                 watch::setup(tracefs)?,
-                sock::setup(&btf, tracefs)?,
+                tcp::setup(&btf, tracefs)?,
                 connect::setup(tracefs, slots)?,
             ],
             fexit_program: accept::fexit_program(&btf),
-            state_tp_btf: sock::tp_btf_readable(&btf),
+            state_tp_btf: tcp::tp_btf_readable(&btf),
         })
     }
 }

@@ -20,7 +20,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{Ebpf, maps::RingBuf};
 use probes_common::{event::EVENTS_MAP, hist::HistMetric};
 
-use super::{hist, sock, watch::WatchSet};
+use super::{hist, tcp, watch::WatchSet};
 use stackprobe_model::sockets::TcpState;
 
 /// Runs the check; the probes must be attached, and nothing else watched yet.
@@ -28,13 +28,13 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
     let me = std::process::id();
     let listener = TcpListener::bind("127.0.0.1:0").context("self-check: binding a listener")?;
     let addr = listener.local_addr()?;
-    sock::set_listen_owner(ebpf, None, addr.port(), me)?;
+    tcp::set_listen_owner(ebpf, None, addr.port(), me)?;
     watch_set.add(me)?;
     // Every socket is closed inside, while still watched, so the probes
     // forget them as they do any watched socket.
     let checked = connect_and_check(ebpf, listener, addr);
     watch_set.remove(me);
-    sock::forget_listen_owner(ebpf, addr.port())?;
+    tcp::forget_listen_owner(ebpf, addr.port())?;
     // What the probes kept and sent of stackprobe's own sockets is not the
     // user's.
     let queue_waits = hist::take(ebpf, me, HistMetric::AcceptQueue)?;
@@ -44,7 +44,7 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
     )?;
     while ring.next().is_some() {}
     // Nor are the counts of its links.
-    sock::forget_owner(ebpf, me)?;
+    tcp::forget_owner(ebpf, me)?;
     checked?;
     if queue_waits != 1 {
         bail!(
@@ -62,7 +62,7 @@ fn connect_and_check(ebpf: &mut Ebpf, listener: TcpListener, addr: SocketAddr) -
     let client = TcpStream::connect(addr).context("self-check: connecting")?;
     let (server, _) = listener.accept().context("self-check: accepting")?;
     let client_addr = client.local_addr()?;
-    let sockets = sock::snapshot(ebpf)?;
+    let sockets = tcp::snapshot(ebpf)?;
     let find = |state: TcpState, local: SocketAddr, remote: Option<SocketAddr>| {
         sockets
             .iter()
