@@ -11,7 +11,7 @@ use std::{
 };
 
 use clap::ValueEnum as _;
-use stackprobe_model::sockets::TcpState;
+use stackprobe_model::tcp::sockets::TcpState;
 use stackprobe_probes::{Options, rungs::QueueRung};
 use support::*;
 
@@ -104,7 +104,11 @@ fn link_time_wait(s: &Session, owner: Option<&str>, peer: &str) -> u64 {
         .sum()
 }
 
-fn link<'a>(s: &'a Session, owner: &str, peer: &str) -> &'a stackprobe_model::links::LinkStats {
+fn link<'a>(
+    s: &'a Session,
+    owner: &str,
+    peer: &str,
+) -> &'a stackprobe_model::tcp::counts::LinkStats {
     s.collector
         .table()
         .links
@@ -125,7 +129,7 @@ fn server_link_closed<'a>(
     s: &'a mut Session,
     tcp: &str,
     n: u64,
-) -> &'a stackprobe_model::links::LinkStats {
+) -> &'a stackprobe_model::tcp::counts::LinkStats {
     let server_side = format!("{tcp} ← 127.0.0.1");
     observe_until(s, |s| {
         s.collector
@@ -443,7 +447,7 @@ fn watched_listener(backlog: u32) -> (Server, Session) {
 }
 
 /// `pid`'s listening socket, as the last walk found it.
-fn listener_of(s: &Session, pid: u32) -> &stackprobe_model::links::Listener {
+fn listener_of(s: &Session, pid: u32) -> &stackprobe_model::tcp::snapshot::Listener {
     s.collector
         .table()
         .links

@@ -17,9 +17,11 @@ use std::{
 use anyhow::Result;
 
 use stackprobe_model::{
-    links::{KernelCounters, SocketSnapshot, Walk},
     process::ProcessTable,
-    sockets::{Netns, TcpSock, TcpState},
+    tcp::{
+        snapshot::{KernelCounters, SocketSnapshot, Walk},
+        sockets::{Netns, TcpSock, TcpState},
+    },
 };
 use stackprobe_probes::procfs;
 use stackprobe_probes::{Probes, decode};

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 /// What a clone created: the kernel files samples by the same rule.
 pub use probes_common::fork::TaskKind;
 
-use super::sockets::TcpState;
+use super::tcp::sockets::TcpState;
 
 /// A watched process created a task (before the task first ran).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,7 +47,7 @@ pub struct TcpStateSample {
     pub by_owner: bool,
     pub local: SocketAddr,
     pub remote: SocketAddr,
-    pub netns: super::sockets::Netns,
+    pub netns: super::tcp::sockets::Netns,
     pub ts_ns: u64,
 }
 

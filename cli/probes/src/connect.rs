@@ -18,7 +18,7 @@ use super::{
     decode,
     tracefs::Tracefs,
 };
-use stackprobe_model::sockets;
+use stackprobe_model::tcp::sockets;
 
 /// The `uservaddr` and `ret` offsets from this kernel's tracepoint
 /// layouts, and the in-flight slots.

@@ -14,8 +14,11 @@ use probes_common::{
 use crate::procfs;
 use stackprobe_model::{
     event::{Event, ExecSample, ExitSample, SpawnSample, TaskKind, TcpStateSample},
-    links::{KernelLink, LinkTotals, Peer, Side},
-    sockets::{Netns, TcpSock, TcpState, address},
+    tcp::{
+        counts::LinkTotals,
+        key::{KernelLink, Peer, Side},
+        sockets::{Netns, TcpSock, TcpState, address},
+    },
 };
 
 /// stackprobe's own network namespace, read once (before any walk enters

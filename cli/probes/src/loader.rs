@@ -212,7 +212,7 @@ impl Probes {
     }
 
     /// Every TCP socket on the machine now, from the iterator.
-    pub fn tcp_sockets(&mut self) -> Result<Vec<stackprobe_model::sockets::TcpSock>> {
+    pub fn tcp_sockets(&mut self) -> Result<Vec<stackprobe_model::tcp::sockets::TcpSock>> {
         tcp::snapshot(&mut self.ebpf)
     }
 
@@ -229,8 +229,8 @@ impl Probes {
         &mut self,
     ) -> Result<
         Vec<(
-            stackprobe_model::links::KernelLink,
-            stackprobe_model::links::LinkTotals,
+            stackprobe_model::tcp::key::KernelLink,
+            stackprobe_model::tcp::counts::LinkTotals,
         )>,
     > {
         tcp::links(&mut self.ebpf)
@@ -239,7 +239,7 @@ impl Probes {
     /// Removes links from the kernel's count (their owners exited).
     pub fn forget_tcp_links(
         &mut self,
-        links: &[stackprobe_model::links::KernelLink],
+        links: &[stackprobe_model::tcp::key::KernelLink],
     ) -> Result<()> {
         tcp::forget_links(&mut self.ebpf, links)
     }
@@ -247,7 +247,7 @@ impl Probes {
     /// Tells the kernel that `owner` listens on `port` in `netns`.
     pub fn set_listen_owner(
         &mut self,
-        netns: stackprobe_model::sockets::Netns,
+        netns: stackprobe_model::tcp::sockets::Netns,
         port: u16,
         owner: u32,
     ) -> Result<()> {

@@ -21,7 +21,7 @@ use aya::{Ebpf, maps::RingBuf};
 use probes_common::{event::EVENTS_MAP, hist::HistMetric};
 
 use super::{hist, tcp, watch::WatchSet};
-use stackprobe_model::sockets::TcpState;
+use stackprobe_model::tcp::sockets::TcpState;
 
 /// Runs the check; the probes must be attached, and nothing else watched yet.
 pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {

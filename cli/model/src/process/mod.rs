@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use super::{
     containers::{self, Container},
     event::{Event, ExecSample, ExitSample, HistDelta, SpawnSample, TaskKind},
-    links::LinkTable,
     measure::{Count, Latency},
     roles,
+    tcp::links::LinkTable,
 };
 
 mod activity;

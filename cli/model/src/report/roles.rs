@@ -9,7 +9,7 @@ use crate::{
     containers,
     measure::{Count, Counts, Latencies, Latency, ListenerLatencies},
     process::{Activity, ProcessTable, Span},
-    sockets::netns_suffix,
+    tcp::sockets::netns_suffix,
 };
 
 #[derive(Clone, Debug, Serialize)]

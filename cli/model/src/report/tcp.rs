@@ -5,7 +5,10 @@
 use serde::Serialize;
 
 use super::{CountRow, Period, ReportKind};
-use crate::{links::Side, process::ProcessTable, sockets::netns_suffix};
+use crate::{
+    process::ProcessTable,
+    tcp::{key::Side, sockets::netns_suffix},
+};
 
 /// A share of the ephemeral ports held in TIME_WAIT towards one service at or
 /// above which a link is warned about.
@@ -186,7 +189,11 @@ mod tests {
 
     #[test]
     fn a_link_near_port_exhaustion_is_warned_about() {
-        use crate::links::{KernelLink, LinkTotals, Peer, Side, SocketSnapshot, Walk};
+        use crate::tcp::{
+            counts::LinkTotals,
+            key::{KernelLink, Peer, Side},
+            snapshot::{SocketSnapshot, Walk},
+        };
         let mut t = ProcessTable::default();
         let server: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
         // nginx (pid 7) opened 60 connections and closed each first: the
@@ -242,7 +249,7 @@ mod tests {
 
     #[test]
     fn a_namespace_the_walk_could_not_enter_is_warned_about() {
-        use crate::links::{SocketSnapshot, Unwalked, Walk};
+        use crate::tcp::snapshot::{SocketSnapshot, Unwalked, Walk};
         let mut t = ProcessTable::default();
         t.links.observe_snapshot(SocketSnapshot {
             walk: Some(Walk {

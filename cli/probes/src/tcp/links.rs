@@ -11,7 +11,10 @@ use probes_common::sock::{
 };
 
 use crate::decode;
-use stackprobe_model::links::{KernelLink, LinkTotals, Side};
+use stackprobe_model::tcp::{
+    counts::LinkTotals,
+    key::{KernelLink, Side},
+};
 
 fn links_map(
     ebpf: &mut Ebpf,
@@ -93,7 +96,7 @@ mod tests {
         for link in [
             KernelLink {
                 owner: 7,
-                peer: stackprobe_model::links::Peer {
+                peer: stackprobe_model::tcp::key::Peer {
                     side: Side::Passive,
                     addr: "[::1]:80".parse().unwrap(),
                     peer_ip: Some("::1".parse().unwrap()),
@@ -102,7 +105,7 @@ mod tests {
             },
             KernelLink {
                 owner: 0,
-                peer: stackprobe_model::links::Peer {
+                peer: stackprobe_model::tcp::key::Peer {
                     side: Side::Active,
                     addr: "10.1.2.3:5432".parse().unwrap(),
                     peer_ip: None,

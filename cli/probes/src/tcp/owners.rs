@@ -10,7 +10,7 @@ use aya::{
 use probes_common::sock::{LISTEN_OWNERS_MAP, ListenOwner, listen_key};
 
 use crate::decode;
-use stackprobe_model::sockets::Netns;
+use stackprobe_model::tcp::sockets::Netns;
 
 /// Tells the kernel who owns a listening port, so connections arriving there
 /// (whose handshake completes in softirq) are attributed to it; unless the

@@ -15,10 +15,7 @@ use probes_common::sock::{
 };
 
 use crate::{decode, privileges};
-use stackprobe_model::{
-    links::{KernelLink, Unwalked},
-    sockets::TcpSock,
-};
+use stackprobe_model::tcp::{key::KernelLink, snapshot::Unwalked, sockets::TcpSock};
 
 fn set_config(ebpf: &mut Ebpf, config: IterConfig) -> Result<()> {
     let map = ebpf
