@@ -60,6 +60,45 @@ fn counts_exactly_the_watched_servers_tcp_and_unix_accepts() {
     other.stop();
 }
 
+/// Non-blocking accepts that find the queue empty (EAGAIN) are counted,
+/// exactly, and are no accepts.
+#[test]
+fn non_blocking_accepts_that_find_no_connection_are_counted_apart() {
+    let _lock = probe_lock();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let me = std::process::id();
+    let mut s = Session::start();
+    s.collector.probes_mut().watch_pid(me).unwrap();
+    let mut would_block = 0;
+    for _ in 0..23 {
+        let e = listener.accept().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+        would_block += 1;
+    }
+    // One that does find a connection is an accept, not an empty one.
+    let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let _conn = loop {
+        match listener.accept() {
+            Ok((conn, _)) => break conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                would_block += 1;
+                assert!(Instant::now() < deadline, "the connection never arrived");
+                thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    s.collect();
+    let a = &s.collector.table().get(me).unwrap().activity;
+    // Exactly as many as returned EAGAIN here (the waits for the
+    // connection included): no other thread of this process accepts.
+    assert_eq!(a.counts[Count::AcceptEmpty].total, would_block);
+    assert_eq!(a.latency[Latency::Accept].total.count(), 1);
+    assert_eq!(s.collector.probes().drops().unwrap(), Drops::default());
+}
+
 #[test]
 fn accepts_already_blocked_at_attach_are_counted_with_their_latency_unknown() {
     let _lock = probe_lock();

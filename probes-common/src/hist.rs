@@ -61,10 +61,13 @@ pub enum HistMetric {
     /// socket file, a full unix backlog, closed before it completed): only
     /// its count matters.
     ConnectFailed = 9,
+    /// A non-blocking accept that found no connection waiting (EAGAIN):
+    /// only its count matters.
+    AcceptEmpty = 10,
 }
 
 impl HistMetric {
-    pub const ALL: [HistMetric; 10] = [
+    pub const ALL: [HistMetric; 11] = [
         Self::Accept,
         Self::AcceptQueue,
         Self::Fork,
@@ -75,6 +78,7 @@ impl HistMetric {
         Self::Connect,
         Self::ConnectRefused,
         Self::ConnectFailed,
+        Self::AcceptEmpty,
     ];
 
     /// The metric a clone's sample goes under: a failed clone (`ret` a

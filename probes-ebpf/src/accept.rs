@@ -12,6 +12,9 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use probes_common::{accept::SOCK_FROM_HOOK, hist::HistMetric, stats::Stat};
 
+/// accept(2)'s errno for a non-blocking listener with nothing waiting.
+const EAGAIN: i64 = 11;
+
 use crate::{
     clock::now, events, hist, memory, offsets::offset_globals, slots, tcp_links, tcp_sock, tracked,
     watch_set::is_watched,
@@ -174,7 +177,12 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         return 0;
     };
     if ret < 0 {
-        // EAGAIN from a non-blocking listener, EINTR, ...: no connection was accepted.
+        // No connection was accepted. EAGAIN: a non-blocking accept found
+        // the queue empty (another worker took the connection, or a wakeup
+        // for nothing); EINTR and the rest count nothing.
+        if ret == -EAGAIN {
+            hist::record((pid_tgid >> 32) as u32, HistMetric::AcceptEmpty, 0, 0);
+        }
         return 0;
     }
     // With the hook on inet_csk_accept, the socket is known (0 for a unix

@@ -188,6 +188,15 @@ registry! {
             per: Per::Process,
             kernel: Some(HistMetric::AcceptUntimed),
         },
+        AcceptEmpty => Decl {
+            name: "accept_empty",
+            unit: "accepts",
+            label: "accepts that found none waiting",
+            short: "empty accepts",
+            help: "Non-blocking accept() calls that found no connection waiting (EAGAIN): workers woken for a connection another took, or polling an empty queue.",
+            per: Per::Process,
+            kernel: Some(HistMetric::AcceptEmpty),
+        },
         ForkUnknown => Decl {
             name: "fork_unknown",
             unit: "clones",
