@@ -10,8 +10,13 @@ use super::report::{Filter, Row, rows};
 use crate::cli::DiffArgs;
 use stackprobe_model::histogram::{Summary, duration};
 
+/// `diff --json`'s shape: /2 adds the counts' rows (`before_count`,
+/// `after_count`; percentiles null).
+pub const SCHEMA: &str = "stackprobe.diff/2";
+
 #[derive(Debug, Serialize)]
 pub struct Change {
+    pub schema: &'static str,
     pub role: String,
     pub metric: String,
     /// Samples per second over each recording's covered time; null when the
@@ -78,6 +83,7 @@ pub fn changes(before: &[Row], after: &[Row]) -> Vec<Change> {
     }
     keys.into_iter()
         .map(|((role, metric), (b, a))| Change {
+            schema: SCHEMA,
             role,
             metric,
             before_per_s: b.map(rate),

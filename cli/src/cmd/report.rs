@@ -13,9 +13,14 @@ use stackprobe_output::{
     view::text::log2_bars,
 };
 
+/// `report --format json`'s shape: bumped when a field changes meaning or
+/// goes away. /2: rows of counts (a `count`, no percentiles) appear.
+pub const SCHEMA: &str = "stackprobe.report/2";
+
 /// One role's latency or count, merged over the intervals kept.
 #[derive(Debug, Serialize)]
 pub struct Row {
+    pub schema: &'static str,
     pub role: String,
     pub metric: String,
     pub intervals: usize,
@@ -156,6 +161,7 @@ pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
     Ok(merged
         .into_iter()
         .map(|((role, metric), m)| Row {
+            schema: SCHEMA,
             role,
             metric,
             intervals: m.intervals,
