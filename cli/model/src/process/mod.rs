@@ -391,6 +391,7 @@ impl ProcessTable {
     }
 
     /// Number of roles holding exited processes' totals.
+    #[cfg(test)]
     pub fn retired_roles(&self) -> usize {
         self.retired.len()
     }

@@ -350,6 +350,7 @@ impl LinkTable {
 
     /// Remembered kernel links, link texts and roles: bounded by the links
     /// the kernel counts and the processes owning them.
+    #[cfg(test)]
     pub fn remembered(&self) -> usize {
         self.seen.len() + self.peers.len() + self.roles.len()
     }
