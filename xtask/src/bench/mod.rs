@@ -110,11 +110,28 @@ pub fn all(scale: &Scale) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     let path = process::workspace_root().join("BENCHMARKS.md");
+    // The notes are written by hand (what was measured and tried): a run
+    // keeps them.
+    if let Some(notes) = fs::read_to_string(&path)
+        .ok()
+        .as_deref()
+        .and_then(notes_section)
+    {
+        md.push('\n');
+        md.push_str(notes);
+    }
     fs::write(&path, &md)?;
     print!("{md}");
     eprintln!("bench: wrote {}", path.display());
     Ok(())
 }
+
+/// BENCHMARKS.md's hand-written part: from its notes heading to the end.
+fn notes_section(md: &str) -> Option<&str> {
+    md.find(NOTES_HEADING).map(|at| &md[at..])
+}
+
+const NOTES_HEADING: &str = "## Notes: what was measured and tried";
 
 fn header(scale: &Scale) -> Result<String> {
     let kernel = process::capture(Command::new("uname").arg("-r"))?;
@@ -165,4 +182,21 @@ fn spread(v: &[f64]) -> (f64, f64, f64) {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_keeps_the_hand_written_notes_and_only_them() {
+        let old = format!(
+            "# Benchmarks\n## 1. Probe cost\nold table\n{NOTES_HEADING}\n### Sockets\nkept\n"
+        );
+        assert_eq!(
+            notes_section(&old),
+            Some(&*format!("{NOTES_HEADING}\n### Sockets\nkept\n"))
+        );
+        assert_eq!(notes_section("# Benchmarks\nno notes\n"), None);
+    }
 }
