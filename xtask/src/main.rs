@@ -1,6 +1,6 @@
 //! Orchestration: `cargo xtask setup | build | run | install | test`, and
 //! the checks and benchmarks around them.
-//! The eBPF object itself is built by cli/build.rs (aya-build); this only
+//! The eBPF object itself is built by cli/probes/build.rs (aya-build); this only
 //! makes sure the tools it needs are there, and drives cargo.
 
 mod bench;

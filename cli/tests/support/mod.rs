@@ -1,6 +1,8 @@
-//! Shared by the root-only integration tests: a loopback server whose every
-//! accept is known (the `stackprobe-loopback` binary), clients, and a lock so
-//! the tests in one binary load probes one at a time.
+//! Shared by the root-only integration tests: a session of the real probes
+//! and a lock so the tests in one binary load probes one at a time; the
+//! loopback server and its clients (`server`), the binary run as a user
+//! (`cli`), the programs loaded (`programs`), the machine's TCP settings
+//! (`system`).
 
 #![allow(dead_code)]
 

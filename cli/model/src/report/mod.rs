@@ -1,5 +1,5 @@
 //! What one interval (or the whole run) measured, ready for any view to
-//! render: text, JSON, later the dashboard.
+//! render: text, JSON, the dashboard.
 //!
 //! The report and the period it covers are here; each of its parts has a
 //! file: the rows per role (`roles.rs`), the live processes' accept rows
