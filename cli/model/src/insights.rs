@@ -175,13 +175,7 @@ mod tests {
         t.sync_watched(&[live(1, "postgres")]);
         let n = n as usize;
         fork_per_connection(&mut t, 1, "postgres", &vec![1_000; n], 90_000, n, 9_000_000);
-        Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        )
+        crate::fixtures::interval_report(&t)
     }
 
     #[test]
@@ -244,13 +238,7 @@ mod tests {
         if forks > 0 {
             t.apply(&hist(acceptor, name, HistMetric::Fork, forks, 700_000));
         }
-        let report = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        );
+        let report = crate::fixtures::interval_report(&t);
         insights(&report)
             .into_iter()
             .filter(|i| i.contains("accept queue"))
@@ -367,13 +355,7 @@ mod tests {
             40,
             MIN_QUEUE_WAIT_NS / 2,
         ));
-        let r = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        );
+        let r = crate::fixtures::interval_report(&t);
         assert!(insights(&r).is_empty());
     }
 

@@ -2,7 +2,10 @@
 //! and the bounds on what it keeps.
 
 use super::*;
-use crate::{event::HistMetric, fixtures::kernel_hist};
+use crate::{
+    event::HistMetric,
+    fixtures::{kernel_hist, live},
+};
 
 /// One accept of `ns` by `tgid`, as a read of the kernel's histograms hands it over.
 fn accept(tgid: u32, ns: u64) -> Event {
@@ -27,17 +30,6 @@ fn fork(tgid: u32, ret: i32, kind: TaskKind, ns: u64) -> Event {
 
 fn exit(tgid: u32, ts: u64) -> Event {
     Event::Exit(ExitSample { tgid, ts_ns: ts })
-}
-
-fn live(pid: u32, name: &str) -> LiveProcess {
-    LiveProcess {
-        pid,
-        name: name.into(),
-        title: None,
-        parent: None,
-        container: None,
-        ns_pid: None,
-    }
 }
 
 #[test]

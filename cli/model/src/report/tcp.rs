@@ -262,13 +262,7 @@ mod tests {
             }),
             ..Default::default()
         });
-        let r = Report::build(
-            ReportKind::Interval,
-            &t,
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Drops::default(),
-        );
+        let r = crate::fixtures::interval_report(&t);
         assert_eq!(
             r.tcp.warnings,
             [

@@ -4,7 +4,7 @@
 use super::*;
 use crate::{
     event::{Event, ExitSample, HistMetric, SpawnSample, TaskKind},
-    fixtures::kernel_hist,
+    fixtures::{kernel_hist, live},
     measure::{Count, Latency},
     probe_stats::Drops,
     process::LiveProcess,
@@ -18,32 +18,7 @@ fn accepts(tgid: u32, comm: &str, ns: &[u64]) -> Event {
 
 fn table() -> ProcessTable {
     let mut t = ProcessTable::default();
-    t.sync_watched(&[
-        LiveProcess {
-            pid: 1,
-            name: "idle".into(),
-            title: None,
-            parent: None,
-            container: None,
-            ns_pid: None,
-        },
-        LiveProcess {
-            pid: 2,
-            name: "busy".into(),
-            title: None,
-            parent: None,
-            container: None,
-            ns_pid: None,
-        },
-        LiveProcess {
-            pid: 3,
-            name: "quiet".into(),
-            title: None,
-            parent: None,
-            container: None,
-            ns_pid: None,
-        },
-    ]);
+    t.sync_watched(&[live(1, "idle"), live(2, "busy"), live(3, "quiet")]);
     t.apply(&accepts(2, "busy", &[1000, 2000, 3000, 4000]));
     t.apply(&accepts(3, "quiet", &[7]));
     t
@@ -178,14 +153,7 @@ fn summary_covers_everything() {
 #[test]
 fn a_fork_per_connection_server_shows_one_fork_per_accept() {
     let mut t = ProcessTable::default();
-    t.sync_watched(&[LiveProcess {
-        pid: 1,
-        name: "srv".into(),
-        title: None,
-        parent: None,
-        container: None,
-        ns_pid: None,
-    }]);
+    t.sync_watched(&[live(1, "srv")]);
     for i in 0..10u32 {
         let child = 100 + i;
         t.apply(&Event::Spawn(SpawnSample {
@@ -205,13 +173,7 @@ fn a_fork_per_connection_server_shows_one_fork_per_accept() {
     // The interval's read of the kernel's histograms.
     t.apply(&accepts(1, "srv", &[3_000; 10]));
     t.apply(&kernel_hist(1, "srv", HistMetric::Fork, &[80_000; 10]));
-    let r = Report::build(
-        ReportKind::Interval,
-        &t,
-        Duration::from_secs(1),
-        Duration::from_secs(1),
-        Drops::default(),
-    );
+    let r = crate::fixtures::interval_report(&t);
     let master = r.roles.iter().find(|r| r.role == "srv master").unwrap();
     assert_eq!(master.latency[Latency::Accept].latency.count, 10);
     assert_eq!(master.latency[Latency::Fork].latency.count, 10);
