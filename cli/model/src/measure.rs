@@ -8,7 +8,7 @@
 use std::ops::{Index, IndexMut};
 
 use probes_common::hist::HistMetric;
-use serde::{Serialize, Serializer, ser::SerializeMap as _};
+use serde::{Serialize, Serializer};
 
 /// Where a measurement is kept apart, besides per process and per role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,11 +106,7 @@ macro_rules! registry {
         /// row, each measurement is a field of its own.
         impl<T: Serialize> Serialize for $store<T> {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut map = s.serialize_map(Some(self.0.len()))?;
-                for (m, v) in self.iter() {
-                    map.serialize_entry(m.name(), v)?;
-                }
-                map.end()
+                s.collect_map(self.iter().map(|(m, v)| (m.name(), v)))
             }
         }
     };
@@ -273,11 +269,7 @@ impl<T> Index<Latency> for ListenerLatencies<T> {
 
 impl<T: Serialize> Serialize for ListenerLatencies<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut map = s.serialize_map(None)?;
-        for (m, v) in self.iter() {
-            map.serialize_entry(m.name(), v)?;
-        }
-        map.end()
+        s.collect_map(self.iter().map(|(m, v)| (m.name(), v)))
     }
 }
 

@@ -189,11 +189,7 @@ impl Serialize for Drops {
         struct Lost<'a>(&'a Drops);
         impl Serialize for Lost<'_> {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut map = s.serialize_map(Some(RING_LOST.len()))?;
-                for (c, n) in self.0.ring_lost() {
-                    map.serialize_entry(c.name, &n)?;
-                }
-                map.end()
+                s.collect_map(self.0.ring_lost().map(|(c, n)| (c.name, n)))
             }
         }
         let mut map = s.serialize_map(Some(2 + DROP_CAUSES.len()))?;

@@ -233,8 +233,9 @@ pub fn read(path: &Path) -> Result<Vec<Recorded>> {
     Ok(out)
 }
 
-/// Hands each histogram of a recording to `f` in order, holding one at a
-/// time (an hour at 1 s for a few roles is tens of thousands of them).
+/// Hands each histogram of a recording to `f` in order, then each count,
+/// holding one at a time (an hour at 1 s for a few roles is tens of
+/// thousands of them).
 pub fn for_each(path: &Path, f: impl FnMut(Recorded) -> Result<()>) -> Result<()> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     parse_each(&data, f).map_err(|e| anyhow!("{}: {e}", path.display()))
