@@ -14,6 +14,7 @@ pub mod events;
 pub mod fork;
 pub mod hist;
 pub mod kernel_log;
+pub mod limits;
 pub mod loader;
 pub mod preflight;
 pub mod privileges;
@@ -23,6 +24,7 @@ pub mod rungs;
 pub mod self_check;
 pub mod tcp;
 pub mod tracefs;
+pub mod unix_listeners;
 pub mod watch;
 
 pub use loader::{Options, Probes};
