@@ -214,6 +214,13 @@ pub struct WatchArgs {
     #[arg(long, value_enum, value_name = "HOOK")]
     pub queue_hook: Option<stackprobe_probes::rungs::QueueRung>,
 
+    /// Start a unix connection's queue wait with this hook instead of the
+    /// best this kernel offers (data-ready: the enqueue itself, 6.3 and
+    /// later; then syscalls: the connect's start); fails if it cannot
+    /// attach.
+    #[arg(long, value_enum, value_name = "HOOK")]
+    pub unix_queue_hook: Option<stackprobe_probes::rungs::UnixQueueRung>,
+
     /// Print what the kernel probes log about what only the kernel sees
     /// (slot collisions, full maps, the listeners connections are
     /// attributed to) to stderr, at debug level; RUST_LOG filters it (e.g.
@@ -264,6 +271,7 @@ impl AgentArgs {
             probe_cost: self.probe_cost,
             fork_hook: None,
             queue_hook: None,
+            unix_queue_hook: None,
             log_probes: false,
             headless: true,
         }

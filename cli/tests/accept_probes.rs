@@ -314,6 +314,7 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
         PROGRAM_NAMES.len()
             + fork_program_names(s.collector.probes().fork_rung()).len()
             + queue_program_names(s.collector.probes().queue_rung()).len()
+            + unix_queue_program_names(s.collector.probes().unix_queue_rung()).len()
             + state_extra_programs(s.collector.probes().state_rung())
     );
     let loaded = loaded_stackprobe_programs();

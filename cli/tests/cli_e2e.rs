@@ -61,6 +61,7 @@ fn json_mode_counts_a_servers_accepts_and_ctrl_c_leaves_nothing_loaded() {
         [
             ("fork", "tracepoint"),
             ("accept_queue", "fd-walk"),
+            ("unix_queue", "data-ready"),
             ("tcp_state", "tp_btf")
         ]
     );
@@ -164,15 +165,15 @@ fn accepts_are_counted_per_listener_tcp_and_unix_apart() {
         "{role}"
     );
     assert_eq!(role["accept"]["total"], 10);
-    // The queue wait is a TCP connection's: on the TCP listener only.
+    // Each listener's queue wait is its own connections'.
     assert_eq!(role["listeners"][0]["accept_queue"]["total"], 7, "{role}");
-    assert_eq!(role["listeners"][1]["accept_queue"]["total"], 0, "{role}");
-    // The TCP listener's backlog as the walk found it (all accepted: none
-    // waiting), the unix socket's unknown.
-    let tcp = &role["listeners"][0];
-    assert_eq!(tcp["backlog"], 0, "{role}");
-    assert!(tcp["max_backlog"].as_u64().unwrap() > 0, "{role}");
-    assert!(role["listeners"][1]["backlog"].is_null(), "{role}");
+    assert_eq!(role["listeners"][1]["accept_queue"]["total"], 3, "{role}");
+    // Both backlogs as the kernel lists them (all accepted: none waiting):
+    // the TCP listener's from the walk, the unix one's from sock_diag.
+    for l in role["listeners"].as_array().unwrap() {
+        assert_eq!(l["backlog"], 0, "{role}");
+        assert!(l["max_backlog"].as_u64().unwrap() > 0, "{role}");
+    }
     server.stop();
     assert!(programs_left_loaded().is_empty());
 }
@@ -242,7 +243,10 @@ fn after_sigkill_the_kernel_frees_every_probe_and_a_closed_stdout_ends_cleanly()
     // This host has neither fentry nor kprobes: the fork tracepoints serve.
     assert_eq!(
         loaded_stackprobe_programs().len(),
-        PROGRAM_NAMES.len() + fork_program_names(ForkRung::Tracepoint).len() + state_extra_loaded()
+        PROGRAM_NAMES.len()
+            + fork_program_names(ForkRung::Tracepoint).len()
+            + state_extra_loaded()
+            + unix_queue_extra_loaded()
     );
     sp.signal(libc::SIGKILL);
     let (status, _, _) = sp.finish();

@@ -12,9 +12,10 @@ pub const UNIX_DESTINATIONS_MAP: &str = "UNIX_DESTINATIONS";
 pub const DESTINATIONS_MAX_ENTRIES: u32 = 4096;
 /// Array of [`ConnectStart`] slots (see [`crate::DEFAULT_SLOTS`]).
 pub const CONNECT_START_MAP: &str = "CONNECT_START";
-/// Global holding the offset of `uservaddr` in `sys_enter_connect`, which
-/// `addrlen` follows 8 bytes on (the probe reads both at once).
-pub const ENTER_ADDR_OFFSET_GLOBAL: &str = "CONNECT_ENTER_ADDR_OFFSET";
+/// Global holding the offset of `fd` in `sys_enter_connect`, which
+/// `uservaddr` and `addrlen` follow 8 bytes apart (the probe reads the
+/// three at once).
+pub const ENTER_ARGS_OFFSET_GLOBAL: &str = "CONNECT_ENTER_ARGS_OFFSET";
 /// Global holding the offset of `ret` in `sys_exit_connect`.
 pub const EXIT_RET_OFFSET_GLOBAL: &str = "CONNECT_EXIT_RET_OFFSET";
 
@@ -99,9 +100,14 @@ pub struct ConnectStart {
     pub addr: u64,
     pub tid: u32,
     pub len: u32,
+    /// The connecting socket's fd.
+    pub fd: u32,
+    /// 1 for a watched process; 0 for a unix connect of any other, which
+    /// only the unix queue (its wait, its losses) follows.
+    pub watched: u32,
 }
 
-crate::assert_layout!(ConnectStart, 24, { start_ns: 0, addr: 8, tid: 16, len: 20 });
+crate::assert_layout!(ConnectStart, 32, { start_ns: 0, addr: 8, tid: 16, len: 20, fd: 24, watched: 28 });
 
 #[cfg(feature = "user")]
 mod user {

@@ -58,16 +58,19 @@ pub enum HistMetric {
     /// A connect refused (ECONNREFUSED): only its count matters.
     ConnectRefused = 8,
     /// A connect that failed otherwise (timed out, unreachable, no such
-    /// socket file, a full unix backlog, closed before it completed): only
+    /// socket file, closed before it completed): only
     /// its count matters.
     ConnectFailed = 9,
     /// A non-blocking accept that found no connection waiting (EAGAIN):
     /// only its count matters.
     AcceptEmpty = 10,
+    /// A unix connect a full listener queue refused (EAGAIN): only its
+    /// count matters.
+    ConnectLost = 11,
 }
 
 impl HistMetric {
-    pub const ALL: [HistMetric; 11] = [
+    pub const ALL: [HistMetric; 12] = [
         Self::Accept,
         Self::AcceptQueue,
         Self::Fork,
@@ -79,6 +82,7 @@ impl HistMetric {
         Self::ConnectRefused,
         Self::ConnectFailed,
         Self::AcceptEmpty,
+        Self::ConnectLost,
     ];
 
     /// The metric a clone's sample goes under: a failed clone (`ret` a
@@ -99,7 +103,7 @@ impl HistMetric {
     pub fn is_connect(self) -> bool {
         matches!(
             self,
-            Self::Connect | Self::ConnectRefused | Self::ConnectFailed
+            Self::Connect | Self::ConnectRefused | Self::ConnectFailed | Self::ConnectLost
         )
     }
 

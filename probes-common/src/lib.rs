@@ -15,6 +15,7 @@ pub mod lifecycle;
 pub mod offsets;
 pub mod sock;
 pub mod stats;
+pub mod unix;
 pub mod watch;
 
 /// Length of `task_struct::comm`, including the trailing NUL.

@@ -4,19 +4,22 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, generated},
+    helpers::bpf_get_current_pid_tgid,
     macros::{fexit, kretprobe, map, tracepoint},
     maps::Array,
     programs::{FExitContext, RetProbeContext, TracePointContext},
 };
 use aya_log_ebpf::debug;
-use probes_common::{accept::SOCK_FROM_HOOK, hist::HistMetric, stats::Stat};
+use probes_common::{accept::SOCK_FROM_HOOK, connect::AF_UNIX, hist::HistMetric, stats::Stat};
 
 /// accept(2)'s errno for a non-blocking listener with nothing waiting.
 const EAGAIN: i64 = 11;
 
 use crate::{
-    clock::now, events, hist, memory, offsets::offset_globals, slots, tcp_links, tcp_sock, tracked,
+    clock::now,
+    events, fds, hist, memory, slots, tcp_links,
+    tcp_sock::{self, SKC_FAMILY},
+    tracked, unix_queue,
     watch_set::is_watched,
 };
 
@@ -31,63 +34,6 @@ static ACCEPT_EXIT_RET_OFFSET: Global<u32> = Global::new(16);
 // SAFETY: as above.
 #[unsafe(no_mangle)]
 static ACCEPT_ENTER_FD_OFFSET: Global<u32> = Global::new(16);
-
-probes_common::accept_fd_walk_members!(offset_globals);
-
-// SAFETY: as above. 1 where the kernel has bpf_get_current_task_btf: a
-// read-only global, so the verifier sees it as a constant and never meets
-// the helper on the kernels that lack it.
-#[unsafe(no_mangle)]
-static ACCEPT_TASK_BTF: Global<u32> = Global::new(0);
-
-/// The pointer in the member at `offset` of the struct at `base`.
-#[inline(always)]
-fn deref(base: u64, offset: &Global<u32>) -> Option<u64> {
-    if base == 0 {
-        return None;
-    }
-    memory::kernel(base + u64::from(offset.load()))
-}
-
-/// The pointer in the member at `offset` of the struct at `base`, typed by
-/// BTF (see `memory::btf`).
-#[inline(always)]
-fn load_btf(base: *const u8, offset: &Global<u32>) -> Option<*const u8> {
-    if base.is_null() {
-        return None;
-    }
-    Some(memory::btf::<u64>(base, offset) as *const u8)
-}
-
-/// The caller's array of open files, current->files->fdt->fd.
-#[inline(always)]
-fn open_files() -> Option<u64> {
-    if ACCEPT_TASK_BTF.load() != 0 {
-        // SAFETY: the helper takes no arguments and returns the current
-        // task, typed by BTF: the loads below are checked against it.
-        let task = unsafe { generated::bpf_get_current_task_btf() }.cast::<u8>();
-        let files = load_btf(task, &TASK_FILES)?;
-        let fdt = load_btf(files, &FILES_FDT)?;
-        // A pointer to pointers: the verifier types it as a plain number.
-        return load_btf(fdt, &FDTABLE_FD).map(|fds| fds as u64);
-    }
-    // SAFETY: the helper takes no arguments; the task's address it returns
-    // is only read through `memory::kernel`.
-    let task = unsafe { bpf_get_current_task() };
-    let files = deref(task, &TASK_FILES)?;
-    let fdt = deref(files, &FILES_FDT)?;
-    deref(fdt, &FDTABLE_FD)
-}
-
-/// The `struct sock` behind the caller's file descriptor `fd`:
-/// current->files->fdt->fd[fd]->private_data (a struct socket)->sk.
-#[inline(always)]
-fn sock_of_fd(fd: u32) -> Option<u64> {
-    let fds = open_files()?;
-    let file = memory::kernel(fds + u64::from(fd) * 8)?;
-    let socket = deref(file, &FILE_PRIVATE_DATA)?;
-    deref(socket, &SOCKET_SK)
-}
 
 #[tracepoint]
 pub fn accept_enter(ctx: TracePointContext) -> u32 {
@@ -185,14 +131,14 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         }
         return 0;
     }
-    // With the hook on inet_csk_accept, the socket is known (0 for a unix
+    // With the hook on inet_csk_accept, a TCP socket is known (0 for a unix
     // accept, which never passes there); else it is found through the fd.
     let from_hook = ACCEPT_CONFIG.get(0).is_some_and(|c| *c == SOCK_FROM_HOOK);
     let tgid = (pid_tgid >> 32) as u32;
-    let sk = if from_hook {
-        (hooked_sk != 0).then_some(hooked_sk)
+    let sk = if from_hook && hooked_sk != 0 {
+        Some(hooked_sk)
     } else {
-        let sk = sock_of_fd(ret as u32);
+        let sk = fds::sock_of_fd(ret as u32);
         if sk.is_none() {
             // Every accepted fd is a socket: a failed walk means a struct
             // offset from BTF is wrong (the load's self-check says so).
@@ -214,6 +160,13 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     let Some(sk) = sk else {
         return 0;
     };
+    if !from_hook || hooked_sk == 0 {
+        // Only a walk can have found a unix socket.
+        if tcp_sock::read::<u16>(sk, &SKC_FAMILY) == Some(AF_UNIX) {
+            unix_queue::accepted(sk, tgid, listener, end_ns);
+            return 0;
+        }
+    }
     // A connection seen arriving at a watched listener is followed, its
     // listener's port and namespace in its record; unknown for unix
     // sockets and connections established before attach.

@@ -19,14 +19,17 @@ use aya_ebpf::{
 use probes_common::{
     connect::{AF_UNIX, ECONNREFUSED, UNIX_PATH_MAX, UnixDestination},
     hist::HistMetric,
+    unix::EAGAIN,
 };
 
-use crate::{clock::now, destinations, hist, memory, slots, watch_set::is_watched};
+use crate::{
+    clock::now, destinations, fds, hist, memory, slots, unix_queue, watch_set::is_watched,
+};
 
-/// `uservaddr`, which `addrlen` follows (userspace checks).
+/// `fd`, which `uservaddr` and `addrlen` follow (userspace checks).
 // SAFETY: no other symbol has this name; userspace sets the global by it.
 #[unsafe(no_mangle)]
-static CONNECT_ENTER_ADDR_OFFSET: Global<u32> = Global::new(24);
+static CONNECT_ENTER_ARGS_OFFSET: Global<u32> = Global::new(16);
 
 // SAFETY: as above.
 #[unsafe(no_mangle)]
@@ -38,19 +41,25 @@ const PATH_OFFSET: u64 = 2;
 #[tracepoint]
 pub fn connect_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    if !is_watched((pid_tgid >> 32) as u32) {
-        return 0;
-    }
-    // Both arguments in one read; what they point to is read at the exit,
-    // and only if no TCP SYN went out meanwhile.
-    let Some([addr, len]) = memory::field::<[u64; 2]>(&ctx, &CONNECT_ENTER_ADDR_OFFSET) else {
+    let watched = is_watched((pid_tgid >> 32) as u32);
+    // The three arguments in one read; what the address points to is read
+    // at the exit, and only if no TCP SYN went out meanwhile.
+    let Some([fd, addr, len]) = memory::field::<[u64; 3]>(&ctx, &CONNECT_ENTER_ARGS_OFFSET) else {
         return 0;
     };
+    // Any other process's unix connect, for the unix queue: its wait (on
+    // the syscall rung) and its loss to a full queue. Their other connects
+    // cost this one read of the family.
+    if !watched && memory::user::<u16>(addr) != Some(AF_UNIX) {
+        return 0;
+    }
     let tid = pid_tgid as u32;
     if let Some(slot) = slots::connect(tid) {
         slot.tid = tid;
         slot.addr = addr;
         slot.len = len as u32;
+        slot.fd = fd as u32;
+        slot.watched = u32::from(watched);
         slot.start_ns = now();
     }
     0
@@ -72,14 +81,24 @@ pub fn connect_exit(ctx: TracePointContext) -> u32 {
     let start_ns = slot.start_ns;
     slot.start_ns = 0;
     let end_ns = now();
-    let (addr, len) = (slot.addr, slot.len);
+    let (addr, len, fd, watched) = (slot.addr, slot.len, slot.fd, slot.watched != 0);
     // Not TCP; UDP, netlink and the rest are not timed either.
-    if memory::user::<u16>(addr) != Some(AF_UNIX) {
+    if watched && memory::user::<u16>(addr) != Some(AF_UNIX) {
         return 0;
     }
     let Some(ret) = memory::field::<i64>(&ctx, &CONNECT_EXIT_RET_OFFSET) else {
         return 0;
     };
+    if ret == 0
+        && unix_queue::pairs_syscalls()
+        && let Some(client) = fds::sock_of_fd(fd)
+    {
+        unix_queue::connected(client, start_ns);
+    }
+    let lost = ret == -i64::from(EAGAIN);
+    if !watched && !lost {
+        return 0;
+    }
     let Some(d) = destinations::unix_scratch() else {
         return 0;
     };
@@ -88,9 +107,16 @@ pub fn connect_exit(ctx: TracePointContext) -> u32 {
     }
     let id = d.id();
     destinations::name_unix(id, d);
+    if lost {
+        unix_queue::lost(id);
+    }
+    if !watched {
+        return 0;
+    }
     let (metric, ns) = match ret {
         0 => (HistMetric::Connect, end_ns.saturating_sub(start_ns)),
         r if r == -i64::from(ECONNREFUSED) => (HistMetric::ConnectRefused, 0),
+        _ if lost => (HistMetric::ConnectLost, 0),
         _ => (HistMetric::ConnectFailed, 0),
     };
     hist::record((pid_tgid >> 32) as u32, metric, id, ns);

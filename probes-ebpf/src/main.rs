@@ -12,6 +12,7 @@
 mod accept;
 mod attach_check;
 mod connect;
+mod data_ready;
 mod fork;
 mod sock;
 mod tcp_state;
@@ -25,6 +26,7 @@ mod clock;
 mod closers;
 mod destinations;
 mod events;
+mod fds;
 mod hist;
 mod memory;
 mod offsets;
@@ -32,6 +34,7 @@ mod slots;
 mod tcp_links;
 mod tcp_sock;
 mod tracked;
+mod unix_queue;
 mod watch_set;
 
 // SAFETY: the loader reads the object's license, a NUL-terminated string,

@@ -12,7 +12,7 @@ macro_rules! offset_globals {
             // SAFETY: each list names a global once, and no other symbol
             // has its name; userspace sets the global by it.
             #[unsafe(no_mangle)]
-            static $global: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
+            pub(crate) static $global: aya_ebpf::Global<u32> = aya_ebpf::Global::new(0);
         )+
     };
 }

@@ -14,12 +14,9 @@ use probes_common::sock::{
 };
 
 use crate::{
-    offsets::offset_globals,
     tcp_links,
-    tcp_sock::{self, Sock as _, SockBtf},
+    tcp_sock::{self, SK_ACK_BACKLOG, SK_MAX_ACK_BACKLOG, Sock as _, SockBtf},
 };
-
-probes_common::sock_iter_members!(offset_globals);
 
 #[map]
 static ITER_CONFIG: Array<IterConfig> = Array::with_max_entries(1, 0);
@@ -101,7 +98,7 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
             rec.ack_backlog = tcp_sock::read(sk, &SK_ACK_BACKLOG).unwrap_or(0);
             rec.max_ack_backlog = tcp_sock::read(sk, &SK_MAX_ACK_BACKLOG).unwrap_or(0);
         }
-        rec.ino = inode(sk).unwrap_or(0);
+        rec.ino = tcp_sock::inode(sk).unwrap_or(0);
     }
     // SAFETY: `meta` is never null in an iterator's context and points to
     // the walk's bpf_iter_meta. A direct load: the verifier accepts only
@@ -112,13 +109,4 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
     // not written, and the kernel retries it in the next buffer.
     unsafe { bpf_seq_write(seq, (&raw const rec).cast(), size_of::<TcpSocket>() as u32) };
     0
-}
-
-/// sk->sk_socket->file->f_inode->i_ino: the inode /proc/PID/fd links name.
-#[inline(always)]
-fn inode(sk: u64) -> Option<u64> {
-    let socket: u64 = tcp_sock::read(sk, &SK_SOCKET).filter(|&p| p != 0)?;
-    let file: u64 = tcp_sock::read(socket, &SOCKET_FILE).filter(|&p| p != 0)?;
-    let inode: u64 = tcp_sock::read(file, &FILE_INODE).filter(|&p| p != 0)?;
-    tcp_sock::read(inode, &INODE_INO)
 }

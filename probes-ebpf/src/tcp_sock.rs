@@ -14,6 +14,7 @@ use crate::{
 
 probes_common::sock_common_members!(offset_globals);
 probes_common::sock_net_members!(offset_globals);
+probes_common::sock_iter_members!(offset_globals);
 
 /// The `T` at the offset in `offset` of a copy of kernel memory, the default
 /// if it would lie outside (userspace checks every offset fits at load).
@@ -219,4 +220,14 @@ pub fn read<T: Bits>(base: u64, offset: &Global<u32>) -> Option<T> {
 #[inline(always)]
 pub fn port_and_netns(sk: u64) -> Option<(u16, u32)> {
     Some((read::<u16>(sk, &SKC_NUM)?, netns(sk)))
+}
+
+/// sk->sk_socket->file->f_inode->i_ino: the inode /proc/PID/fd links name
+/// (None for a socket with no file yet: one still in a listener's queue).
+#[inline(always)]
+pub fn inode(sk: u64) -> Option<u64> {
+    let socket: u64 = read(sk, &SK_SOCKET).filter(|&p| p != 0)?;
+    let file: u64 = read(socket, &SOCKET_FILE).filter(|&p| p != 0)?;
+    let inode: u64 = read(file, &FILE_INODE).filter(|&p| p != 0)?;
+    read(inode, &INODE_INO)
 }

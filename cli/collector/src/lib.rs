@@ -10,6 +10,7 @@ pub mod cgroups;
 pub mod containers;
 mod cost;
 mod sockets;
+mod unix_sockets;
 mod watch_set;
 
 use std::time::{Duration, Instant};
@@ -34,6 +35,7 @@ pub struct Collector {
     selector: Selector,
     watch_set: watch_set::WatchSet,
     sockets: sockets::Sockets,
+    unix_sockets: unix_sockets::UnixSockets,
     /// Watched processes alive at the last look, by pid and name.
     watching: Vec<(u32, String)>,
     /// Ring buffer events received: this interval and since the start.
@@ -86,6 +88,7 @@ impl Collector {
             selector,
             watch_set: watch_set::WatchSet::default(),
             sockets: sockets::Sockets::default(),
+            unix_sockets: unix_sockets::UnixSockets::default(),
             watching: Vec::new(),
             received: Counter::default(),
             stirred: false,
@@ -179,6 +182,7 @@ impl Collector {
             report.probe_cost = self.probes.costs()?;
         }
         report.rungs = self.probes.rungs_in_use();
+        self.unix_backlogs(&mut report);
         insights::annotate(&mut report);
         sink(&Frame {
             report,
@@ -188,6 +192,21 @@ impl Collector {
             cost: self.cost.sample(&self.probes),
             watching: &self.watching,
         })
+    }
+
+    /// Each unix listener row's backlog now, as the last refresh listed it
+    /// (TCP listeners' come from the walk of the sockets).
+    fn unix_backlogs(&self, report: &mut Report) {
+        let listed = self.unix_sockets.listeners();
+        for row in report.roles.iter_mut().flat_map(|r| r.listeners.iter_mut()) {
+            if row.backlog.is_some() {
+                continue;
+            }
+            if let Some((_, l)) = listed.iter().find(|(_, l)| l.path == row.listener) {
+                row.backlog = Some(l.queued);
+                row.max_backlog = Some(l.max_backlog);
+            }
+        }
     }
 
     /// Forgets everything measured so far (the dashboard's reset key).
@@ -205,7 +224,7 @@ impl Collector {
         self.stirred |= watching != self.watching;
         self.watching = watching;
         self.table.sync_watched(&live);
-        Ok(())
+        self.unix_sockets.refresh(&mut self.probes, &self.table)
     }
 
     /// Looks at every TCP socket: links' counts, listeners, their owners

@@ -278,6 +278,8 @@ impl<T: Serialize> Serialize for ListenerLatencies<T> {
 pub enum DestinationCount {
     Refused,
     Failed,
+    /// A unix connect its listener's full queue refused (EAGAIN).
+    Lost,
 }
 
 /// What a kernel histogram of `metric` feeds.
@@ -299,6 +301,7 @@ impl Feeds {
         match metric {
             HistMetric::ConnectRefused => Feeds::Destination(DestinationCount::Refused),
             HistMetric::ConnectFailed => Feeds::Destination(DestinationCount::Failed),
+            HistMetric::ConnectLost => Feeds::Destination(DestinationCount::Lost),
             // Every other kernel metric is declared in a table above (the
             // test below holds to that).
             other => unreachable!("{other:?} is declared nowhere"),

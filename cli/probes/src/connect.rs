@@ -8,7 +8,7 @@ use aya::{
     maps::{HashMap, MapData},
 };
 use probes_common::connect::{
-    AF_INET6, CONNECT_START_MAP, ENTER_ADDR_OFFSET_GLOBAL, ENTER_PROGRAM, ENTER_TRACEPOINT,
+    AF_INET6, CONNECT_START_MAP, ENTER_ARGS_OFFSET_GLOBAL, ENTER_PROGRAM, ENTER_TRACEPOINT,
     EXIT_PROGRAM, EXIT_RET_OFFSET_GLOBAL, EXIT_TRACEPOINT, TCP_DESTINATIONS_MAP, TcpDestination,
     UNIX_DESTINATIONS_MAP, UnixDestination,
 };
@@ -20,21 +20,22 @@ use super::{
 };
 use stackprobe_model::tcp::sockets;
 
-/// The `uservaddr` and `ret` offsets from this kernel's tracepoint
-/// layouts, and the in-flight slots.
+/// The `fd` and `ret` offsets from this kernel's tracepoint layouts, and
+/// the in-flight slots.
 pub fn setup(tracefs: &Tracefs, slots: u32) -> Result<Setup> {
     let enter = [ENTER_TRACEPOINT];
+    let fd = tracefs.same_offset("syscalls", &enter, "fd", 8)?;
     let addr = tracefs.same_offset("syscalls", &enter, "uservaddr", 8)?;
     let len = tracefs.same_offset("syscalls", &enter, "addrlen", 8)?;
-    // The probe reads both in one copy.
+    // The probe reads the three in one copy.
     ensure!(
-        len == addr + 8,
-        "{ENTER_TRACEPOINT} puts addrlen at {len}, not right after uservaddr at {addr}"
+        addr == fd + 8 && len == addr + 8,
+        "{ENTER_TRACEPOINT} puts fd, uservaddr and addrlen at {fd}, {addr} and {len}, not 8 bytes apart"
     );
     let ret = tracefs.same_offset("syscalls", &[EXIT_TRACEPOINT], "ret", 8)?;
     Ok(Setup {
         globals: vec![
-            (ENTER_ADDR_OFFSET_GLOBAL, addr),
+            (ENTER_ARGS_OFFSET_GLOBAL, fd),
             (EXIT_RET_OFFSET_GLOBAL, ret),
         ],
         map_sizes: vec![(CONNECT_START_MAP, slots)],

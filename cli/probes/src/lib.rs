@@ -25,6 +25,7 @@ pub mod self_check;
 pub mod tcp;
 pub mod tracefs;
 pub mod unix_listeners;
+pub mod unix_queue;
 pub mod watch;
 
 pub use loader::{Options, Probes};

@@ -26,10 +26,10 @@ use super::{
     hist::KernelHists,
     kernel_log::{self, KernelLog},
     preflight, prog_info,
-    rungs::{ForkRung, QueueRung, StateRung},
+    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
     self_check, tcp,
     tracefs::Tracefs,
-    watch,
+    unix_queue, watch,
     watch::WatchSet,
 };
 use crate::procfs;
@@ -49,6 +49,8 @@ pub struct Options {
     pub fork_rung: Option<ForkRung>,
     /// Likewise for the accept-queue wait's hook.
     pub queue_rung: Option<QueueRung>,
+    /// Likewise for the unix queue wait's start.
+    pub unix_queue_rung: Option<UnixQueueRung>,
     /// Print what the probes log about what only the kernel sees (see
     /// `kernel_log`) to stderr; off, the logging code is not even loaded.
     pub log_probes: bool,
@@ -61,6 +63,7 @@ pub struct Probes {
     hists: KernelHists,
     fork_rung: ForkRung,
     queue_rung: QueueRung,
+    unix_queue_rung: UnixQueueRung,
     state_rung: StateRung,
     _stats: Option<OwnedFd>,
     // Last: it prints what the programs log until they are detached.
@@ -128,6 +131,7 @@ impl Probes {
             options.queue_rung,
         )?;
         connect::attach(&mut ebpf, &tracefs)?;
+        let unix_queue_rung = unix_queue::attach(&mut ebpf, &tracefs, options.unix_queue_rung)?;
         tcp::load(&mut ebpf, &btf)?;
         let state_rung = tcp::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
         // Nothing needs the kernel's BTF any more. Freed and handed back now,
@@ -145,6 +149,7 @@ impl Probes {
             hists: KernelHists::default(),
             fork_rung,
             queue_rung,
+            unix_queue_rung,
             state_rung,
             _stats: stats,
             _kernel_log: kernel_log,
@@ -170,6 +175,11 @@ impl Probes {
                 description: self.queue_rung.describe(),
             },
             RungInUse {
+                metric: "unix_queue",
+                hook: self.unix_queue_rung.name(),
+                description: self.unix_queue_rung.describe(),
+            },
+            RungInUse {
                 metric: "tcp_state",
                 hook: self.state_rung.name(),
                 description: self.state_rung.describe(),
@@ -185,6 +195,27 @@ impl Probes {
     /// How the accept probe finds an accepted socket on this kernel.
     pub fn queue_rung(&self) -> QueueRung {
         self.queue_rung
+    }
+
+    /// Where a unix connection's queue wait starts on this kernel.
+    pub fn unix_queue_rung(&self) -> UnixQueueRung {
+        self.unix_queue_rung
+    }
+
+    /// Tells the kernel that `owner` listens on the unix socket with inode
+    /// `inode`, so its queue is timed.
+    pub fn watch_unix_listener(&mut self, inode: u64, owner: u32) -> Result<()> {
+        unix_queue::watch_listener(&mut self.ebpf, inode, owner)
+    }
+
+    /// Forgets the unix listeners `keep` says no watched process holds.
+    pub fn forget_unix_listeners(&mut self, keep: impl Fn(u64) -> bool) -> Result<()> {
+        unix_queue::forget_listeners(&mut self.ebpf, keep)
+    }
+
+    /// Unix connects a full queue refused since load, per destination id.
+    pub fn unix_lost(&self) -> Result<Vec<(u64, u64)>> {
+        unix_queue::lost(&self.ebpf)
     }
 
     /// Tries the optional hooks (tp_btf, fentry, kprobe) on this kernel.
@@ -370,7 +401,7 @@ fn release_free_heap() {
 /// (struct member offsets and a function's signature), gathered at once so
 /// that parse is freed before aya parses its own.
 struct KernelFacts {
-    setups: [Setup; 5],
+    setups: [Setup; 6],
     fexit_program: Result<&'static str>,
     state_tp_btf: bool,
 }
@@ -385,6 +416,7 @@ impl KernelFacts {
                 watch::setup(tracefs)?,
                 tcp::setup(&btf, tracefs)?,
                 connect::setup(tracefs, slots)?,
+                unix_queue::setup(tracefs, &btf)?,
             ],
             fexit_program: accept::fexit_program(&btf),
             state_tp_btf: tcp::tp_btf_readable(&btf),
@@ -425,6 +457,7 @@ fn probe_kind_of(name: &str) -> Option<ProbeKind> {
                 Some(ProbeKind::TcpState)
             }
             connect::ENTER_PROGRAM | connect::EXIT_PROGRAM => Some(ProbeKind::Connect),
+            probes_common::unix::DATA_READY_PROGRAM => Some(ProbeKind::Accept),
             _ => None,
         }
     }

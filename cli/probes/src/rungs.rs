@@ -101,3 +101,39 @@ impl StateRung {
         }
     }
 }
+
+/// Where a unix connection's wait in its listener's queue starts, best
+/// first (its end is always the accept that takes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnixQueueRung {
+    /// The tracepoint sock:sk_data_ready (6.3 and later), inside the
+    /// connect right after the connection is queued: the exact wait.
+    DataReady,
+    /// The connect syscall's enter, paired with the accept through the
+    /// connection's server-side socket: adds the connect's own time, and a
+    /// blocking client's sleep for room in a full queue.
+    Syscalls,
+}
+
+impl UnixQueueRung {
+    pub const LADDER: [UnixQueueRung; 2] = [Self::DataReady, Self::Syscalls];
+
+    /// As `--unix-queue-hook` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::DataReady => "data-ready",
+            Self::Syscalls => "syscalls",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::DataReady => {
+                "tracepoint sock/sk_data_ready (the enqueue) to the accept's exit: exact"
+            }
+            Self::Syscalls => {
+                "connect's enter to the accept's exit, paired by the server-side socket: adds the connect call, and a blocking client's sleep for room"
+            }
+        }
+    }
+}

@@ -15,10 +15,21 @@
 //!   `accept-wait N tcp|unix`  accept N connections, writing the byte to
 //!       each, then close each only after its client has: the clients close
 //!       first; replies `accepted N`
+//!   `pool N COUNT tcp|unix MS`  N worker threads serve COUNT connections
+//!       between them, one at a time each, as a php-fpm pool does: each
+//!       reads the client's 8-byte CLOCK_MONOTONIC stamp taken before its
+//!       connect, holds the connection MS milliseconds, writes the byte and
+//!       closes; replies `pooling` once started, then `pooled COUNT waits
+//!       SUM MIN MAX` (ns from each client's stamp to its accept's return)
 //!   `threads N [RATE]`  start N threads that end at once (RATE per second);
 //!       replies `threads N` (`threads N in SECONDSs` with a rate)
 //!   `spawn-exec N`  fork N children that exec /bin/true; replies `execs N`
 //!   `exit`  exit (as does end of input)
+//!
+//! `stackprobe-loopback clients tcp|unix ADDR M` opens M connections at
+//! once (a thread each), each sending its CLOCK_MONOTONIC stamp taken just
+//! before its connect, then reading the byte and the server's close;
+//! prints `connected M`.
 //!
 //! `stackprobe-loopback connect tcp|unix ADDR N [--close-first]` opens N
 //! connections one after another, reading the server's byte on each, then
@@ -41,6 +52,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
         Some("connect") => connect(&args[1..]),
+        Some("clients") => clients(&args[1..]),
         _ => Err("usage: stackprobe-loopback serve --tcp ADDR [--unix PATH] [--max-seconds N] | connect tcp|unix ADDR N".into()),
     };
     match result {
@@ -201,6 +213,21 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                 })?;
                 say(format!("accepted {n_tcp}+{n_unix}"))?;
             }
+            ["pool", n, count, which, ms] => {
+                let n: u64 = n.parse().map_err(|e| format!("workers: {e}"))?;
+                let count: u64 = count.parse().map_err(|e| format!("count: {e}"))?;
+                let ms: u64 = ms.parse().map_err(|e| format!("service time: {e}"))?;
+                let fd = match *which {
+                    "tcp" => tcp.as_raw_fd(),
+                    "unix" => unix.as_ref().ok_or("no --unix listener")?.as_raw_fd(),
+                    other => return Err(format!("unknown listener {other}")),
+                };
+                let waits = pool(fd, n, count, ms, || say("pooling".into()))?;
+                let sum: u64 = waits.iter().sum();
+                let min = waits.iter().min().copied().unwrap_or(0);
+                let max = waits.iter().max().copied().unwrap_or(0);
+                say(format!("pooled {count} waits {sum} {min} {max}"))?;
+            }
             ["threads", n] => {
                 let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
                 threads(n, None)?;
@@ -230,6 +257,66 @@ fn serve(args: &[String]) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// CLOCK_MONOTONIC in ns: the clock the probes stamp with.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `n` workers serve `count` connections from `listen_fd` between them, one
+/// at a time each, holding each `ms` milliseconds; the wait of each (its
+/// client's stamp to its accept's return).
+fn pool(
+    listen_fd: RawFd,
+    n: u64,
+    count: u64,
+    ms: u64,
+    started: impl FnOnce() -> Result<()>,
+) -> Result<Vec<u64>> {
+    use std::sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    };
+    let left = AtomicU64::new(count);
+    let waits = Mutex::new(Vec::new());
+    std::thread::scope(|scope| -> Result<()> {
+        let workers: Vec<_> = (0..n)
+            .map(|_| {
+                scope.spawn(|| -> Result<()> {
+                    // Claim a connection before accepting it, so no worker
+                    // is left in accept once all are served.
+                    while left
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| l.checked_sub(1))
+                        .is_ok()
+                    {
+                        let mut conn = accept_conn(listen_fd, false)?;
+                        let accepted = monotonic_ns();
+                        let mut stamp = [0u8; 8];
+                        conn.read_exact(&mut stamp)
+                            .map_err(|e| format!("read: {e}"))?;
+                        let wait = accepted.saturating_sub(u64::from_le_bytes(stamp));
+                        waits.lock().map_err(|_| "poisoned")?.push(wait);
+                        std::thread::sleep(std::time::Duration::from_millis(ms));
+                        conn.write_all(b"x").map_err(|e| format!("write: {e}"))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        started()?;
+        for w in workers {
+            w.join().map_err(|_| "a pool worker panicked")??;
+        }
+        Ok(())
+    })?;
+    waits.into_inner().map_err(|_| "poisoned".into())
 }
 
 /// Accepts one connection with accept(2) (`plain`) or accept4(2),
@@ -335,6 +422,42 @@ fn threads(n: u64, rate: Option<f64>) -> Result<std::time::Duration> {
     }
     Ok(start.elapsed())
 }
+
+fn clients(args: &[String]) -> Result<ExitCode> {
+    let [kind, addr, m] = args else {
+        return Err("usage: clients tcp|unix ADDR M".into());
+    };
+    let m: u64 = m.parse().map_err(|e| format!("count: {e}"))?;
+    let one = || -> io::Result<()> {
+        let stamp = monotonic_ns().to_le_bytes();
+        let mut s: Box<dyn ReadWrite> = match kind.as_str() {
+            "tcp" => Box::new(TcpStream::connect(addr.as_str())?),
+            "unix" => Box::new(UnixStream::connect_addr(&unix_addr(addr)?)?),
+            other => return Err(io::Error::other(format!("unknown kind {other}"))),
+        };
+        s.write_all(&stamp)?;
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest)?;
+        if rest != b"x" {
+            return Err(io::Error::other(format!("read {rest:?}, not the byte")));
+        }
+        Ok(())
+    };
+    std::thread::scope(|scope| -> Result<()> {
+        let all: Vec<_> = (0..m).map(|_| scope.spawn(one)).collect();
+        for c in all {
+            c.join()
+                .map_err(|_| "a client panicked")?
+                .map_err(|e| format!("client of {addr}: {e}"))?;
+        }
+        Ok(())
+    })?;
+    println!("connected {m}");
+    Ok(ExitCode::SUCCESS)
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
 
 fn connect(args: &[String]) -> Result<ExitCode> {
     let (close_first, args) = match args {

@@ -118,6 +118,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             probe_cost: false,
             fork_hook: None,
             queue_hook: None,
+            unix_queue_hook: None,
             log_probes: false,
             headless: false,
         },

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 
 use stackprobe_probes::{
     Options, Probes, preflight,
-    rungs::{ForkRung, QueueRung, StateRung},
+    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
 };
 
 enum Verdict {
@@ -41,13 +41,19 @@ fn from(result: Result<()>, ok: &str) -> Line {
 
 /// Metric → the hook `watch` uses for it on this kernel (for a ladder, the
 /// rung it picked).
-fn ladder(fork: ForkRung, queue: QueueRung, state: StateRung) -> [(&'static str, &'static str); 6] {
+fn ladder(
+    fork: ForkRung,
+    queue: QueueRung,
+    unix_queue: UnixQueueRung,
+    state: StateRung,
+) -> [(&'static str, &'static str); 7] {
     [
         (
             "accept latency",
             "tracepoints syscalls/sys_{enter,exit}_accept{,4}",
         ),
         ("accept-queue wait", queue.describe()),
+        ("unix queue wait", unix_queue.describe()),
         ("fork latency", fork.describe()),
         (
             "process lifecycle",
@@ -77,7 +83,12 @@ pub fn run() -> Result<()> {
     if usable {
         match Probes::load(Options::default()) {
             Ok(mut probes) => {
-                hooks_used = Some((probes.fork_rung(), probes.queue_rung(), probes.state_rung()));
+                hooks_used = Some((
+                    probes.fork_rung(),
+                    probes.queue_rung(),
+                    probes.unix_queue_rung(),
+                    probes.state_rung(),
+                ));
                 lines.push(line(
                     Verdict::Ok,
                     "tracefs and tracepoints: every probe loaded and attached; BTF offsets checked on a test connection of stackprobe's own",
@@ -103,6 +114,13 @@ pub fn run() -> Result<()> {
                         ..Options::default()
                     };
                     lines.push(try_forced("accept-queue hook", rung.describe(), forced));
+                }
+                for rung in UnixQueueRung::LADDER {
+                    let forced = Options {
+                        unix_queue_rung: Some(rung),
+                        ..Options::default()
+                    };
+                    lines.push(try_forced("unix queue hook", rung.name(), forced));
                 }
                 let mut probes = Probes::load(Options::default())?;
                 for check in probes.check_attach_types()? {
@@ -138,11 +156,11 @@ pub fn run() -> Result<()> {
     if !usable {
         bail!("stackprobe watch cannot run here: fix the FAIL lines above");
     }
-    let Some((fork_hook, queue_hook, state_rung)) = hooks_used else {
+    let Some((fork_hook, queue_hook, unix_queue_hook, state_rung)) = hooks_used else {
         bail!("stackprobe watch cannot run here: the probes did not load");
     };
     println!("hooks watch uses on this kernel:");
-    for (metric, hook) in ladder(fork_hook, queue_hook, state_rung) {
+    for (metric, hook) in ladder(fork_hook, queue_hook, unix_queue_hook, state_rung) {
         println!("  {metric:<18} {hook}");
     }
     Ok(())

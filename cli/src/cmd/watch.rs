@@ -81,6 +81,7 @@ async fn watch(args: WatchArgs, control: Control) -> Result<()> {
             probe_cost: args.probe_cost,
             fork_rung: args.fork_hook,
             queue_rung: args.queue_hook,
+            unix_queue_rung: args.unix_queue_hook,
             log_probes: args.log_probes,
         },
     )?;

@@ -1,6 +1,9 @@
 //! Which kernel programs a run loads, what they cost, and that none is left.
 
-use stackprobe_probes::{Options, rungs::ForkRung, rungs::QueueRung, rungs::StateRung};
+use stackprobe_probes::{
+    Options,
+    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
+};
 
 use super::*;
 
@@ -116,6 +119,24 @@ pub fn state_extra_loaded() -> usize {
     })
 }
 
+/// The program of each unix queue rung: the syscall rung's are the connect
+/// and accept probes'.
+pub fn unix_queue_program_names(rung: UnixQueueRung) -> &'static [&'static str] {
+    match rung {
+        UnixQueueRung::DataReady => &["unix_data_ready"],
+        UnixQueueRung::Syscalls => &[],
+    }
+}
+
+/// [`unix_queue_program_names`] of whichever rung a running stackprobe
+/// loaded, counted from the loaded programs.
+pub fn unix_queue_extra_loaded() -> usize {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.name_as_str() == Some("unix_data_ready"))
+        .count()
+}
+
 /// The do-nothing programs `doctor` loads to try a hook.
 pub const HOOK_PROGRAM_NAMES: [&str; 3] = ["hook_tp_btf", "hook_fentry", "hook_kprobe"];
 
@@ -136,6 +157,9 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
                     || QueueRung::LADDER
                         .iter()
                         .any(|&h| queue_program_names(h).contains(&n))
+                    || UnixQueueRung::LADDER
+                        .iter()
+                        .any(|&h| unix_queue_program_names(h).contains(&n))
             })
         })
         .map(|p| p.id())

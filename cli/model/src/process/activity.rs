@@ -103,6 +103,8 @@ pub struct ConnectActivity {
     pub refused: Counter,
     /// Connects that failed otherwise.
     pub failed: Counter,
+    /// Unix connects a full listener queue refused (EAGAIN).
+    pub lost: Counter,
 }
 
 impl ConnectActivity {
@@ -110,16 +112,21 @@ impl ConnectActivity {
         self.latency.add(&other.latency, span);
         self.refused.add_counter(&other.refused);
         self.failed.add_counter(&other.failed);
+        self.lost.add_counter(&other.lost);
     }
 
     fn reset_interval(&mut self) {
         self.latency.reset_interval();
         self.refused.interval = 0;
         self.failed.interval = 0;
+        self.lost.interval = 0;
     }
 
     pub fn is_empty(&self) -> bool {
-        self.latency.total.is_empty() && self.refused.total == 0 && self.failed.total == 0
+        self.latency.total.is_empty()
+            && self.refused.total == 0
+            && self.failed.total == 0
+            && self.lost.total == 0
     }
 }
 
@@ -234,6 +241,9 @@ impl Activity {
             }
             Feeds::Destination(DestinationCount::Failed) => {
                 self.destination(destination()).failed.add(d.count);
+            }
+            Feeds::Destination(DestinationCount::Lost) => {
+                self.destination(destination()).lost.add(d.count);
             }
         }
     }

@@ -55,9 +55,12 @@ pub struct ConnectRow {
     pub latency: MetricRow,
     /// Refused: a reset answering the SYN, or a unix socket nobody listens on.
     pub refused: CountRow,
-    /// Failed otherwise: timed out, unreachable, no such socket file, a
-    /// full unix backlog, or closed before it completed.
+    /// Failed otherwise: timed out, unreachable, no such socket file, or
+    /// closed before it completed.
     pub failed: CountRow,
+    /// Unix connects a full listener queue refused (EAGAIN): lost at the
+    /// queue.
+    pub lost: CountRow,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -68,9 +71,10 @@ pub struct ListenerLatencyRow {
     /// The latencies declared [`Per::Listener`] (accept, accept_queue).
     #[serde(flatten)]
     pub latency: ListenerLatencies<MetricRow>,
-    /// A TCP listener's connections waiting to be accepted now, and the
-    /// limit, as the last walk of the sockets found them; null for a unix
-    /// socket (the walk covers TCP only) or a listener it did not find.
+    /// The listener's connections waiting to be accepted now, and the
+    /// limit: a TCP listener's as the last walk of the sockets found them,
+    /// a unix listener's as the kernel's socket diagnostics list them at
+    /// the report; null for a listener neither found.
     pub backlog: Option<u32>,
     pub max_backlog: Option<u32>,
 }
@@ -84,10 +88,9 @@ impl RoleRow {
         self.processes == 0
             && self.latency.iter().all(|(_, m)| m.latency.count == 0)
             && self.counts.iter().all(|(_, c)| c.count == 0)
-            && self
-                .connects
-                .iter()
-                .all(|c| c.latency.latency.count + c.refused.count + c.failed.count == 0)
+            && self.connects.iter().all(|c| {
+                c.latency.latency.count + c.refused.count + c.failed.count + c.lost.count == 0
+            })
     }
 }
 
@@ -138,9 +141,10 @@ fn connect_rows(p: &Period, a: &Activity) -> Vec<ConnectRow> {
             latency: p.metric(&c.latency),
             refused: p.count(&c.refused),
             failed: p.count(&c.failed),
+            lost: p.count(&c.lost),
         })
         .collect();
-    let tried = |r: &ConnectRow| r.latency.total + r.refused.total + r.failed.total;
+    let tried = |r: &ConnectRow| r.latency.total + r.refused.total + r.failed.total + r.lost.total;
     rows.sort_by(|a, b| {
         tried(b)
             .cmp(&tried(a))

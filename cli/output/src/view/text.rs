@@ -209,7 +209,7 @@ fn listener_lines(r: &RoleRow) -> String {
 fn connect_lines(r: &RoleRow) -> String {
     let mut out = String::new();
     for c in &r.connects {
-        let tried = c.latency.latency.count + c.refused.count + c.failed.count;
+        let tried = c.latency.latency.count + c.refused.count + c.failed.count + c.lost.count;
         if tried == 0 {
             continue;
         }
@@ -223,6 +223,9 @@ fn connect_lines(r: &RoleRow) -> String {
         }
         if c.failed.total > 0 {
             let _ = write!(out, "  failed {}", c.failed.count);
+        }
+        if c.lost.total > 0 {
+            let _ = write!(out, "  lost at a full queue {}", c.lost.count);
         }
         out.push('\n');
         if c.latency.latency.count > 0 {

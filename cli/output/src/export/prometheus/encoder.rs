@@ -111,13 +111,13 @@ fn connects(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Er
     }
     let mut failures = encoder.encode_descriptor(
         "stackprobe_connect_failures",
-        "Connects per role and destination that did not succeed since the start, by reason: refused (ECONNREFUSED) or failed (anything else)",
+        "Connects per role and destination that did not succeed since the start, by reason: refused (ECONNREFUSED), lost (a unix listener's full queue, EAGAIN) or failed (anything else)",
         None,
         MetricType::Counter,
     )?;
-    for (role, destination, refused, failed) in &s.connect_failures {
+    for (role, destination, [refused, failed, lost]) in &s.connect_failures {
         let [role, container] = role_labels(role);
-        for (reason, n) in [("refused", refused), ("failed", failed)] {
+        for (reason, n) in [("refused", refused), ("failed", failed), ("lost", lost)] {
             let labels = [
                 role,
                 container,

@@ -71,7 +71,8 @@ pub struct Snapshot {
     /// Connect latency per role and destination.
     pub(super) connects: Vec<HistogramSample>,
     /// (role, destination, refused, failed) since the start.
-    pub(super) connect_failures: Vec<(String, String, u64, u64)>,
+    /// Per role and destination: refused, failed, lost.
+    pub(super) connect_failures: Vec<(String, String, [u64; 3])>,
     /// (role, count, total since the start), those above 0.
     pub(super) counts: Vec<(String, Count, u64)>,
     pub(super) processes: Vec<(String, u64)>,
@@ -142,12 +143,11 @@ impl Snapshot {
                 destination,
                 &c.latency,
             ));
-            if c.refused.total + c.failed.total > 0 {
+            if c.refused.total + c.failed.total + c.lost.total > 0 {
                 self.connect_failures.push((
                     role.to_string(),
                     destination.clone(),
-                    c.refused.total,
-                    c.failed.total,
+                    [c.refused.total, c.failed.total, c.lost.total],
                 ));
             }
         }

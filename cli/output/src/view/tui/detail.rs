@@ -59,11 +59,11 @@ fn latency_rows(r: &RoleRow) -> Vec<(String, &Summary)> {
         }
     }
     for c in &r.connects {
-        let failures = c.refused.total + c.failed.total;
+        let failures = c.refused.total + c.failed.total + c.lost.total;
         let label = if failures > 0 {
             format!(
-                "connect {} ({} refused, {} failed)",
-                c.destination, c.refused.total, c.failed.total
+                "connect {} ({} refused, {} failed, {} lost at a full queue)",
+                c.destination, c.refused.total, c.failed.total, c.lost.total
             )
         } else {
             format!("connect {}", c.destination)
