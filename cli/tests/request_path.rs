@@ -3,7 +3,8 @@
 //! each connection's wait in the listener's queue, against the server's
 //! own clock (its accept's return minus the client's stamp before its
 //! connect), on every rung this kernel has, for TCP and unix listeners, with
-//! the clients watched and not.
+//! the clients watched and not; each connection's service time against the
+//! time the worker held it; and the most connections the pool held at once.
 
 mod support;
 
@@ -96,6 +97,24 @@ fn assert_queue_wait(queue: &LatencyHistogram, served: &Served, what: &str) {
     );
 }
 
+/// Each connection held its worker [`SERVICE_MS`] and a little more (the
+/// byte written, the close), and the pool held at most [`WORKERS`] at once.
+fn assert_service(s: &mut Session, pid: u32, what: &str) {
+    let service = latency(s, pid, Latency::Service).summary();
+    let held = SERVICE_MS * 1_000_000;
+    assert_eq!(service.count, CLIENTS, "{what}: {service:?}");
+    assert!(
+        service.min_ns >= held && service.max_ns <= held + 20_000_000,
+        "{what}: each connection was held {SERVICE_MS} ms: {service:?}"
+    );
+    let busy = s.collector.probes_mut().take_busy().unwrap();
+    let (_, b, max) = busy
+        .iter()
+        .find(|(server, _, _)| *server == pid)
+        .unwrap_or_else(|| panic!("{what}: no busy count for {pid}: {busy:?}"));
+    assert_eq!((b.open, *max), (0, WORKERS), "{what}: {busy:?}");
+}
+
 fn unix_rungs() -> Vec<(Option<UnixQueueRung>, &'static str)> {
     vec![
         (None, "best rung"),
@@ -130,6 +149,7 @@ fn a_unix_pools_queue_wait_matches_the_servers_clock_on_every_rung() {
                 &what,
             );
             assert_eq!(s.accepts(server.pid), CLIENTS, "{what}");
+            assert_service(&mut s, server.pid, &what);
             server.stop();
         }
     }
@@ -152,6 +172,7 @@ fn a_tcp_pools_queue_wait_matches_the_servers_clock() {
             &what,
         );
         assert_eq!(s.accepts(server.pid), CLIENTS, "{what}");
+        assert_service(&mut s, server.pid, &what);
         server.stop();
     }
 }
@@ -161,4 +182,39 @@ fn has_data_ready() -> bool {
     ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
         .iter()
         .any(|t| std::path::Path::new(&format!("{t}/events/sock/sk_data_ready")).exists())
+}
+
+/// A postgres-like server: the acceptor forks a child per connection and
+/// closes its copy; the child holds the connection until it exits. The
+/// service ends at the child's exit, not at the acceptor's close.
+#[test]
+fn a_connection_handed_to_a_child_is_served_until_the_child_exits() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("fork-hold");
+    let mut s = Session::start();
+    for kind in ["unix", "tcp"] {
+        let mut server = Server::start(Some(&dir.0.join("fork.sock")));
+        s.collector.probes_mut().watch_pid(server.pid).unwrap();
+        s.collector.refresh().unwrap();
+        let addr = match kind {
+            "unix" => server.unix.as_ref().unwrap().to_str().unwrap().to_string(),
+            _ => server.tcp.clone(),
+        };
+        server.send(&format!("serve-fork 3 {kind} {SERVICE_MS} hold"));
+        let out = Command::new(LOOPBACK)
+            .args(["connect", kind, &addr, "3", "--close-first"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(server.line(), "served 3");
+        s.collect();
+        let service = latency(&s, server.pid, Latency::Service).summary();
+        let held = SERVICE_MS * 1_000_000;
+        assert_eq!(service.count, 3, "{kind}: {service:?}");
+        assert!(
+            service.min_ns >= held && service.max_ns <= held + 50_000_000,
+            "{kind}: each child held its connection {SERVICE_MS} ms: {service:?}"
+        );
+        server.stop();
+    }
 }

@@ -67,10 +67,13 @@ pub enum HistMetric {
     /// A unix connect a full listener queue refused (EAGAIN): only its
     /// count matters.
     ConnectLost = 11,
+    /// How long a server held a connection it accepted: accept to last
+    /// close (see [`crate::service`]).
+    Service = 12,
 }
 
 impl HistMetric {
-    pub const ALL: [HistMetric; 12] = [
+    pub const ALL: [HistMetric; 13] = [
         Self::Accept,
         Self::AcceptQueue,
         Self::Fork,
@@ -83,6 +86,7 @@ impl HistMetric {
         Self::ConnectFailed,
         Self::AcceptEmpty,
         Self::ConnectLost,
+        Self::Service,
     ];
 
     /// The metric a clone's sample goes under: a failed clone (`ret` a

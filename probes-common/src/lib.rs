@@ -13,6 +13,7 @@ pub mod hist;
 pub mod layout;
 pub mod lifecycle;
 pub mod offsets;
+pub mod service;
 pub mod sock;
 pub mod stats;
 pub mod unix;

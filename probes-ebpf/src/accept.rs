@@ -17,7 +17,7 @@ const EAGAIN: i64 = 11;
 
 use crate::{
     clock::now,
-    events, fds, hist, memory, slots, tcp_links,
+    events, fds, hist, memory, services, slots, tcp_links,
     tcp_sock::{self, SKC_FAMILY},
     tracked, unix_queue,
     watch_set::is_watched,
@@ -164,9 +164,11 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         // Only a walk can have found a unix socket.
         if tcp_sock::read::<u16>(sk, &SKC_FAMILY) == Some(AF_UNIX) {
             unix_queue::accepted(sk, tgid, listener, end_ns);
+            services::started(sk, tgid, listener, end_ns);
             return 0;
         }
     }
+    services::started(sk, tgid, listener, end_ns);
     // A connection seen arriving at a watched listener is followed, its
     // listener's port and namespace in its record; unknown for unix
     // sockets and connections established before attach.

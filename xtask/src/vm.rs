@@ -33,10 +33,11 @@ const PACKAGES: [&str; 5] = [
 
 /// The test binaries run in each guest by default: the probes' own tests
 /// (the rest drive terminals, real services or long soaks).
-pub const DEFAULT_TESTS: [&str; 4] = [
+pub const DEFAULT_TESTS: [&str; 5] = [
     "accept_probes",
     "connect_probes",
     "fork_probes",
+    "request_path",
     "sock_probes",
 ];
 

@@ -22,6 +22,7 @@ pub mod procfs;
 pub mod prog_info;
 pub mod rungs;
 pub mod self_check;
+pub mod services;
 pub mod tcp;
 pub mod tracefs;
 pub mod unix_listeners;

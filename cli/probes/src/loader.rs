@@ -27,7 +27,7 @@ use super::{
     kernel_log::{self, KernelLog},
     preflight, prog_info,
     rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
-    self_check, tcp,
+    self_check, services, tcp,
     tracefs::Tracefs,
     unix_queue, watch,
     watch::WatchSet,
@@ -121,6 +121,7 @@ impl Probes {
         };
         // Watch-set programs first, so a watched process's children are
         // followed before any accept is timed.
+        services::attach_exit(&mut ebpf, &tracefs)?;
         watch::attach(&mut ebpf, &tracefs)?;
         let fork_rung = fork::attach(&mut ebpf, &tracefs, &btf, options.fork_rung)?;
         let queue_rung = accept::attach(
@@ -131,6 +132,7 @@ impl Probes {
             options.queue_rung,
         )?;
         connect::attach(&mut ebpf, &tracefs)?;
+        services::attach_close(&mut ebpf, &tracefs)?;
         let unix_queue_rung = unix_queue::attach(&mut ebpf, &tracefs, options.unix_queue_rung)?;
         tcp::load(&mut ebpf, &btf)?;
         let state_rung = tcp::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
@@ -213,9 +215,20 @@ impl Probes {
         unix_queue::forget_listeners(&mut self.ebpf, keep)
     }
 
+    /// Each server's busy count and its most held since the last call.
+    pub fn take_busy(&mut self) -> Result<Vec<(u32, probes_common::service::Busy, u64)>> {
+        services::take_busy(&mut self.ebpf)
+    }
+
     /// Unix connects a full queue refused since load, per destination id.
     pub fn unix_lost(&self) -> Result<Vec<(u64, u64)>> {
         unix_queue::lost(&self.ebpf)
+    }
+
+    /// The name of the destination the kernel ids `id` (see
+    /// [`connect::destination_name`]): a unix path as the client gave it.
+    pub fn destination_name(&self, id: u64) -> Option<String> {
+        connect::destination_name(&self.ebpf, id)
     }
 
     /// Tries the optional hooks (tp_btf, fentry, kprobe) on this kernel.
@@ -401,7 +414,7 @@ fn release_free_heap() {
 /// (struct member offsets and a function's signature), gathered at once so
 /// that parse is freed before aya parses its own.
 struct KernelFacts {
-    setups: [Setup; 6],
+    setups: [Setup; 7],
     fexit_program: Result<&'static str>,
     state_tp_btf: bool,
 }
@@ -417,6 +430,7 @@ impl KernelFacts {
                 tcp::setup(&btf, tracefs)?,
                 connect::setup(tracefs, slots)?,
                 unix_queue::setup(tracefs, &btf)?,
+                services::setup(tracefs, &btf)?,
             ],
             fexit_program: accept::fexit_program(&btf),
             state_tp_btf: tcp::tp_btf_readable(&btf),
@@ -457,7 +471,9 @@ fn probe_kind_of(name: &str) -> Option<ProbeKind> {
                 Some(ProbeKind::TcpState)
             }
             connect::ENTER_PROGRAM | connect::EXIT_PROGRAM => Some(ProbeKind::Connect),
-            probes_common::unix::DATA_READY_PROGRAM => Some(ProbeKind::Accept),
+            probes_common::unix::DATA_READY_PROGRAM
+            | probes_common::service::CLOSE_PROGRAM
+            | probes_common::service::EXIT_PROGRAM => Some(ProbeKind::Accept),
             _ => None,
         }
     }

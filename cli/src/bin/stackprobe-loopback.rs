@@ -11,7 +11,9 @@
 //!       parent waits for it
 //!   `serve-fork N tcp|unix MS`  accept N connections and fork a child for
 //!       each, as a forking server does: the child writes the byte, lives MS
-//!       milliseconds and exits; replies `served N` once all are reaped
+//!       milliseconds and exits; replies `served N` once all are reaped.
+//!       `serve-fork N tcp|unix MS hold`: the child holds the connection
+//!       until it exits, as a postgres backend does
 //!   `accept-wait N tcp|unix`  accept N connections, writing the byte to
 //!       each, then close each only after its client has: the clients close
 //!       first; replies `accepted N`
@@ -155,7 +157,10 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                     child => return Ok(wait_for(child)),
                 }
             }
-            ["serve-fork", n, which, ms] => {
+            ["serve-fork", n, which, ms, rest @ ..] => {
+                // `hold`: the child keeps the connection until it exits, as
+                // a postgres backend does, instead of closing it at once.
+                let hold = rest == ["hold"];
                 let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
                 let ms: u64 = ms.parse().map_err(|e| format!("lifetime: {e}"))?;
                 let fd = match *which {
@@ -165,7 +170,7 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                 };
                 let mut children = Vec::new();
                 for _ in 0..n {
-                    children.push(accept_and_fork(fd, ms)?);
+                    children.push(accept_and_fork(fd, ms, hold)?);
                 }
                 for child in children {
                     reap(child)?;
@@ -355,7 +360,7 @@ fn accept_one(listen_fd: RawFd, plain: bool) -> Result<()> {
 
 /// Accepts one connection and forks a child to serve it: the child writes the
 /// byte, lives `ms` milliseconds and exits without returning.
-fn accept_and_fork(listen_fd: RawFd, ms: u64) -> Result<libc::pid_t> {
+fn accept_and_fork(listen_fd: RawFd, ms: u64, hold: bool) -> Result<libc::pid_t> {
     let conn = accept_conn(listen_fd, false)?.into_raw_fd();
     // SAFETY: the server is single-threaded here; the child only makes
     // async-signal-safe calls (write, close, nanosleep, _exit).
@@ -368,7 +373,9 @@ fn accept_and_fork(listen_fd: RawFd, ms: u64) -> Result<libc::pid_t> {
         }
         0 => unsafe {
             libc::write(conn, b"x".as_ptr().cast(), 1);
-            libc::close(conn);
+            if !hold {
+                libc::close(conn);
+            }
             let t = libc::timespec {
                 tv_sec: (ms / 1000) as libc::time_t,
                 tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,

@@ -65,8 +65,10 @@ pub fn fdinfo_run_totals(ids: &[u32]) -> (u64, u64) {
 /// truncates them, to 15 bytes).
 /// (One state program is loaded: `tcp_state`, or `tcp_state_btf` and its
 /// nested copy where the BTF tracepoint serves.)
-pub const PROGRAM_NAMES: [&str; 9] = [
+pub const PROGRAM_NAMES: [&str; 11] = [
     "tcp_state",
+    "service_close",
+    "service_exit",
     "tcp_sockets",
     "accept_enter",
     "accept_exit",

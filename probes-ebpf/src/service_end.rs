@@ -1,0 +1,36 @@
+//! Where a served connection ends (see services): the close(2) of a watched
+//! process that drops its last reference, or the exit of a watched process
+//! that holds it. Every other process's close or exit costs the watch-set
+//! load; a program of its own for the exit, whose look through the fd table
+//! the lifecycle probe's verification need not carry.
+
+use aya_ebpf::{
+    Global, helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+};
+
+use crate::{memory, services, watch_set::is_watched};
+
+// SAFETY: no other symbol has this name; userspace sets the global by it.
+#[unsafe(no_mangle)]
+static CLOSE_FD_OFFSET: Global<u32> = Global::new(16);
+
+#[tracepoint]
+pub fn service_exit(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // The process's exit: its main thread's.
+    if pid_tgid as u32 == (pid_tgid >> 32) as u32 && is_watched(pid_tgid as u32) {
+        services::exiting();
+    }
+    0
+}
+
+#[tracepoint]
+pub fn service_close(ctx: TracePointContext) -> u32 {
+    if !is_watched((bpf_get_current_pid_tgid() >> 32) as u32) {
+        return 0;
+    }
+    if let Some(fd) = memory::field::<u64>(&ctx, &CLOSE_FD_OFFSET) {
+        services::closing(fd as u32);
+    }
+    0
+}
