@@ -245,9 +245,19 @@ fn prometheus_stores_two_hosts_native_histograms_with_stackprobes_precision() {
     );
     assert_eq!(value(&forked[0]), 2.0 * forks as f64, "{forked:?}");
 
-    // Every query of the dashboard answers, with numbers.
+    // Every query of the dashboard answers, with numbers; but for series
+    // this lone loopback server cannot have (no chain of watched roles
+    // behind it, no configuration with a connection limit): those only
+    // parse.
+    let not_here = [
+        "stackprobe_hop_own_seconds",
+        "stackprobe_busy_connections_limit",
+    ];
     for (panel, q) in dashboard_queries() {
         let r = prometheus.query(&q);
+        if not_here.iter().any(|family| q.contains(family)) {
+            continue;
+        }
         assert!(
             r.iter().any(|s| value(s).is_finite()),
             "panel {panel:?}: {q} returned no number: {r:?}"

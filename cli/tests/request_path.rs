@@ -218,3 +218,38 @@ fn a_connection_handed_to_a_child_is_served_until_the_child_exits() {
         server.stop();
     }
 }
+
+/// The pool's busy row in the collector's summary: at most its 2 workers'
+/// connections at once, and on average the service time it held over the
+/// time since the probes loaded.
+#[test]
+fn a_pools_busy_row_says_how_many_connections_it_held() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("busy");
+    let mut s = Session::start();
+    let mut server = Server::start(Some(&dir.0.join("busy.sock")));
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
+    s.collector.refresh().unwrap();
+    serve_pool(&mut s, &mut server, "unix", false);
+    let report = s.collector.finish(|f| Ok(f.report.clone())).unwrap();
+    let role = report
+        .roles
+        .iter()
+        .find(|r| r.pids.contains(&server.pid))
+        .unwrap_or_else(|| panic!("no role for {}: {report:?}", server.pid));
+    let busy = role.busy.as_ref().expect("a busy row");
+    assert_eq!(
+        (busy.max, busy.now, busy.processes),
+        (WORKERS, 0, 1),
+        "{busy:?}"
+    );
+    let served = latency(&s, server.pid, Latency::Service).sum_ns() as f64;
+    let held = busy.mean * report.elapsed_s * 1e9;
+    assert!(
+        (held - served).abs() <= served * 0.05,
+        "mean {} over {} s is {held} ns held, the services add up to {served} ns",
+        busy.mean,
+        report.elapsed_s
+    );
+    server.stop();
+}

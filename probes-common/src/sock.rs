@@ -85,13 +85,15 @@ macro_rules! sock_net_members {
 pub const NET_MEMBERS: &[MemberOffset] = &sock_net_members!(crate::member_table);
 
 /// The other kernel struct members the iterator reads (listeners' backlog
-/// and inode), each at the offset in its global.
+/// and the connections they dropped, and inodes), each at the offset in
+/// its global. `sk_drops` is an `atomic_t`: its `counter` is read.
 #[macro_export]
 macro_rules! sock_iter_members {
     ($($then:ident)::+) => {
         $($then)::+! {
             SK_ACK_BACKLOG: sock.sk_ack_backlog,
             SK_MAX_ACK_BACKLOG: sock.sk_max_ack_backlog,
+            SK_DROPS: sock.sk_drops.counter,
             SK_SOCKET: sock.sk_socket,
             SOCKET_FILE: socket.file,
             FILE_INODE: file.f_inode,
@@ -99,13 +101,13 @@ macro_rules! sock_iter_members {
         }
     };
 }
-const LISTENER_MEMBERS: [MemberOffset; 6] = sock_iter_members!(crate::member_table);
+const LISTENER_MEMBERS: [MemberOffset; 7] = sock_iter_members!(crate::member_table);
 /// Every member the iterator reads: the `sock_common` ones, then the rest.
 pub const ITER_MEMBERS: &[MemberOffset] = &{
     let common: [MemberOffset; 8] = sock_common_members!(crate::member_table);
-    let mut all = [common[0]; 14];
+    let mut all = [common[0]; 15];
     let mut i = 0;
-    while i < 14 {
+    while i < 15 {
         all[i] = if i < 8 {
             common[i]
         } else {
@@ -154,7 +156,11 @@ pub struct TcpSocket {
     pub max_ack_backlog: u32,
     /// The socket's network namespace (inode number).
     pub netns: u32,
-    pub _pad2: u32,
+    /// For LISTEN sockets: `sk_drops`, the packets the kernel dropped at
+    /// it since it was made (wrapping): each connection it dropped at a
+    /// full accept queue (`ListenOverflows`), or for a full SYN queue or
+    /// want of memory (with those, `ListenDrops`), and rarer drops.
+    pub drops: u32,
 }
 
 crate::assert_layout!(TcpSocket, 64, {
@@ -169,7 +175,7 @@ crate::assert_layout!(TcpSocket, 64, {
     ack_backlog: 48,
     max_ack_backlog: 52,
     netns: 56,
-    _pad2: 60,
+    drops: 60,
 });
 
 #[cfg(feature = "user")]

@@ -201,7 +201,19 @@ fn untimed(ctx: &TracePointContext, pid_tgid: u64) {
     if !is_watched(tgid) {
         return;
     }
-    if memory::field::<i64>(ctx, &ACCEPT_EXIT_RET_OFFSET).is_some_and(|ret| ret >= 0) {
-        hist::record(tgid, HistMetric::AcceptUntimed, 0, 0);
+    let Some(fd) = memory::field::<i64>(ctx, &ACCEPT_EXIT_RET_OFFSET).filter(|&ret| ret >= 0)
+    else {
+        return;
+    };
+    hist::record(tgid, HistMetric::AcceptUntimed, 0, 0);
+    // The connection is served and waited in its queue all the same: its
+    // listener is what is not known.
+    let Some(sk) = fds::sock_of_fd(fd as u32) else {
+        return;
+    };
+    let at = now();
+    if tcp_sock::read::<u16>(sk, &SKC_FAMILY) == Some(AF_UNIX) {
+        unix_queue::accepted(sk, tgid, 0, at);
     }
+    services::started(sk, tgid, 0, at);
 }

@@ -15,7 +15,7 @@ use probes_common::sock::{
 
 use crate::{
     tcp_links,
-    tcp_sock::{self, SK_ACK_BACKLOG, SK_MAX_ACK_BACKLOG, Sock as _, SockBtf},
+    tcp_sock::{self, SK_ACK_BACKLOG, SK_DROPS, SK_MAX_ACK_BACKLOG, Sock as _, SockBtf},
 };
 
 #[map]
@@ -97,6 +97,9 @@ pub fn tcp_sockets(ctx: *const c_void) -> i32 {
         if rec.state == TCP_LISTEN {
             rec.ack_backlog = tcp_sock::read(sk, &SK_ACK_BACKLOG).unwrap_or(0);
             rec.max_ack_backlog = tcp_sock::read(sk, &SK_MAX_ACK_BACKLOG).unwrap_or(0);
+            // Counted where the kernel drops a connection at a full queue
+            // (tcp_listendrop), beside ListenOverflows/ListenDrops.
+            rec.drops = tcp_sock::read(sk, &SK_DROPS).unwrap_or(0);
         }
         rec.ino = tcp_sock::inode(sk).unwrap_or(0);
     }

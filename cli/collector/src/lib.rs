@@ -6,6 +6,7 @@
 //! follow the watch set, look at the sockets, build the report, explain it —
 //! and hands the result to whoever asked, as a [`Frame`].
 
+mod busy;
 pub mod cgroups;
 pub mod containers;
 mod cost;
@@ -36,6 +37,7 @@ pub struct Collector {
     watch_set: watch_set::WatchSet,
     sockets: sockets::Sockets,
     unix_sockets: unix_sockets::UnixSockets,
+    busy: busy::Busy,
     /// Watched processes alive at the last look, by pid and name.
     watching: Vec<(u32, String)>,
     /// Ring buffer events received: this interval and since the start.
@@ -89,6 +91,10 @@ impl Collector {
             watch_set: watch_set::WatchSet::default(),
             sockets: sockets::Sockets::default(),
             unix_sockets: unix_sockets::UnixSockets::default(),
+            // The period the summary's numbers are over starts here, as
+            // `start` does: nothing was served before (the self-check's
+            // connection is forgotten).
+            busy: busy::Busy::new(busy::probes_clock_ns()),
             watching: Vec::new(),
             received: Counter::default(),
             stirred: false,
@@ -150,6 +156,7 @@ impl Collector {
         self.last_tick = Instant::now();
         self.received.interval = 0;
         self.table.reset_interval();
+        self.unix_sockets.reset_interval();
         Ok(out)
     }
 
@@ -182,7 +189,10 @@ impl Collector {
             report.probe_cost = self.probes.costs()?;
         }
         report.rungs = self.probes.rungs_in_use();
-        self.unix_backlogs(&mut report);
+        self.unix_backlogs(&mut report)?;
+        self.busy.fill(&mut self.probes, &self.table, &mut report)?;
+        // The chains again, with the busy rows and unix listeners' losses.
+        stackprobe_model::report::link_chains(&mut report);
         insights::annotate(&mut report);
         sink(&Frame {
             report,
@@ -194,24 +204,34 @@ impl Collector {
         })
     }
 
-    /// Each unix listener row's backlog now, as the last refresh listed it
-    /// (TCP listeners' come from the walk of the sockets).
-    fn unix_backlogs(&self, report: &mut Report) {
-        let listed = self.unix_sockets.listeners();
-        for row in report.roles.iter_mut().flat_map(|r| r.listeners.iter_mut()) {
-            if row.backlog.is_some() {
+    /// Each watched unix listener's backlog now, as the last refresh
+    /// listed it, and the connects its full queue refused, on the rows that
+    /// show it (TCP listeners' come from the walk of the sockets); a
+    /// listener that lost connects has a row even if nothing accepted from
+    /// it.
+    fn unix_backlogs(&mut self, report: &mut Report) -> Result<()> {
+        self.unix_sockets.observe_lost(&self.probes)?;
+        for (owner, l) in self.unix_sockets.listeners() {
+            let Some(holder) = self.table.get(*owner).map(|p| p.role()) else {
                 continue;
-            }
-            if let Some((_, l)) = listed.iter().find(|(_, l)| l.path == row.listener) {
-                row.backlog = Some(l.queued);
-                row.max_backlog = Some(l.max_backlog);
-            }
+            };
+            let lost = self.unix_sockets.lost(l.inode);
+            let lost = CountRow {
+                count: match report.kind {
+                    ReportKind::Interval => lost.interval,
+                    ReportKind::Summary => lost.total,
+                },
+                total: lost.total,
+            };
+            report.attach_listener(&holder, &l.path, Some((l.queued, l.max_backlog)), lost);
         }
+        Ok(())
     }
 
     /// Forgets everything measured so far (the dashboard's reset key).
     pub fn reset(&mut self) {
         self.table = ProcessTable::default();
+        self.unix_sockets.forget_lost();
     }
 
     /// Follows the watch set: new processes with a selected name, children

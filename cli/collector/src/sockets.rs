@@ -155,12 +155,23 @@ impl Sockets {
             self.walks
                 .walked(started, started.elapsed(), time_wait, link_counts);
             let owners = self.listen_owners(probes, table, &walked.listeners)?;
+            // The namespaces walked: stackprobe's own, and those entered.
+            let namespaces = std::iter::once(None)
+                .chain(
+                    elsewhere
+                        .iter()
+                        .filter(|(n, _)| !walked.unwalked.iter().any(|u| u.netns == *n))
+                        .map(|&(n, _)| decode::netns(n)),
+                )
+                .collect();
             Some(Walk {
                 listeners: walked.listeners,
                 owners,
                 time_wait: walked.time_wait,
                 sockets: walked.sockets,
                 unwalked: walked.unwalked,
+                listen_drops: walked.listen_drops,
+                namespaces,
             })
         } else {
             if unchanged {

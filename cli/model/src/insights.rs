@@ -4,7 +4,7 @@
 use super::{
     histogram::duration,
     measure::Latency,
-    report::{PathComparison, Report, ReportKind, RoleRow},
+    report::{ListenerLatencyRow, PathComparison, Report, ReportKind, RoleRow, path_kind},
     roles::{self, Kind},
 };
 
@@ -21,6 +21,46 @@ pub fn annotate(report: &mut Report) {
 
 /// An accept-queue wait (p99) worth a word.
 pub const MIN_QUEUE_WAIT_NS: u64 = 10_000_000;
+
+/// Queue waits a full pool makes worth a word: this many, this long (p90).
+pub const MIN_POOL_WAITS: u64 = 5;
+pub const MIN_POOL_WAIT_NS: u64 = 1_000_000;
+
+/// A role whose server held as many connections as it may (its configured
+/// limit, or all its processes) while connections waited in its queue:
+/// the setting to raise and the numbers behind it.
+fn pool_full(role: &RoleRow) -> Option<String> {
+    let busy = role.busy.as_ref().filter(|b| b.at_limit())?;
+    let queue = &role.latency[Latency::AcceptQueue].latency;
+    if queue.count < MIN_POOL_WAITS || queue.p90_ns < MIN_POOL_WAIT_NS {
+        return None;
+    }
+    let of = match &busy.limit {
+        Some(l) => format!("{} is {} ({})", l.setting, l.value, l.source),
+        None => format!("it has {} processes", busy.processes),
+    };
+    let service = &role.latency[Latency::Service].latency;
+    let serve = if service.count > 0 {
+        format!(", each connection held {} (p50)", duration(service.p50_ns))
+    } else {
+        String::new()
+    };
+    let raise = match roles::kind(&role.role) {
+        Kind::PhpFpm => "raise pm.max_children (as memory allows) or make requests faster",
+        Kind::Postmaster => {
+            "raise max_connections, or put a pooler (pgbouncer) in front and keep connections open"
+        }
+        Kind::Nginx => "raise worker_connections or worker_processes",
+        Kind::Generic => "add workers or make each connection cheaper",
+    };
+    Some(format!(
+        "{}: all workers busy: {} connections held at once, {of}; {:.1} busy on average{serve}; connections wait {} (p90) in its queue: {raise}",
+        role.role,
+        busy.max,
+        busy.mean,
+        duration(queue.p90_ns)
+    ))
+}
 
 /// Why connections wait to be accepted, as it is for this kind of role, and
 /// the knob that helps.
@@ -58,6 +98,38 @@ fn accept_queue(role: &RoleRow) -> String {
     }
 }
 
+/// A listener that lost `lost` connections at its full queue in the
+/// period, and what to raise, as it is for a unix socket or TCP and for
+/// the kind of role.
+fn listener_lost(role: &RoleRow, l: &ListenerLatencyRow, lost: u64) -> String {
+    let backlog = match (l.backlog, l.max_backlog) {
+        (Some(n), Some(max)) => format!(" (backlog {n}/{max} now)"),
+        _ => String::new(),
+    };
+    let what = format!(
+        "{}: {} lost {lost} connection{} at its full queue{backlog}",
+        role.role,
+        l.listener,
+        if lost == 1 { "" } else { "s" }
+    );
+    let unix = path_kind(&l.listener) == "unix";
+    let fix = match (unix, roles::kind(&role.role)) {
+        (_, Kind::PhpFpm) => {
+            "raise the pool's listen.backlog (net.core.somaxconn caps it) and, if its workers are all busy, pm.max_children; or make requests faster"
+        }
+        (true, _) => {
+            "raise the backlog the server listens with (net.core.somaxconn caps it), or serve faster: more workers, faster requests"
+        }
+        (false, Kind::Nginx) => {
+            "raise net.core.somaxconn and the listen directive's backlog= (511 by default), or let nginx take connections faster (worker_processes, worker_connections)"
+        }
+        (false, _) => {
+            "raise net.core.somaxconn and the server's listen backlog, or accept faster: more workers, faster requests"
+        }
+    };
+    format!("{what}: {fix}")
+}
+
 /// One sentence per finding, with the fix.
 pub fn insights(report: &Report) -> Vec<String> {
     let mut out = Vec::new();
@@ -80,10 +152,17 @@ pub fn insights(report: &Report) -> Vec<String> {
                     role.role, ratio, role.latency[Latency::Fork].rate_per_s
                 ));
         }
-        if role.latency[Latency::AcceptQueue].latency.count >= MIN_ACCEPTS
+        if let Some(full) = pool_full(role) {
+            out.push(full);
+        } else if role.latency[Latency::AcceptQueue].latency.count >= MIN_ACCEPTS
             && role.latency[Latency::AcceptQueue].latency.p99_ns >= MIN_QUEUE_WAIT_NS
         {
             out.push(accept_queue(role));
+        }
+        for l in &role.listeners {
+            if let Some(lost) = l.lost.filter(|c| c.count > 0) {
+                out.push(listener_lost(role, l, lost.count));
+            }
         }
     }
     if report.kind == ReportKind::Interval {
@@ -359,6 +438,56 @@ mod tests {
         assert!(insights(&r).is_empty());
     }
 
+    /// The insights of one interval in which `role`'s (one process named
+    /// `name`, of title `title`) listener `listener` lost `lost`
+    /// connections of `total` since the start.
+    fn lost_at(name: &str, title: &str, listener: &str, lost: u64, total: u64) -> Vec<String> {
+        use crate::report::{CountRow, ListenerLatencyRow};
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[proc(1, name, title, None)]);
+        t.apply(&hist(1, name, HistMetric::Accept, 1, 50_000));
+        let mut report = crate::fixtures::interval_report(&t);
+        let mut row = ListenerLatencyRow::unaccepted(listener.into());
+        row.backlog = Some(3);
+        row.max_backlog = Some(2);
+        row.lost = Some(CountRow { count: lost, total });
+        report.roles[0].listeners.push(row);
+        insights(&report)
+    }
+
+    #[test]
+    fn a_listener_that_lost_connections_is_told_what_to_raise() {
+        let fpm = "php-fpm: master process (/etc/php/8.2/fpm/php-fpm.conf)";
+        assert_eq!(
+            lost_at("php-fpm8.2", fpm, "/run/php/www.sock", 12, 40),
+            [
+                "php-fpm8.2: /run/php/www.sock lost 12 connections at its full queue (backlog 3/2 now): raise the pool's listen.backlog (net.core.somaxconn caps it) and, if its workers are all busy, pm.max_children; or make requests faster"
+            ]
+        );
+        assert_eq!(
+            lost_at("myd", "myd", "@myd", 1, 1),
+            [
+                "myd: @myd lost 1 connection at its full queue (backlog 3/2 now): raise the backlog the server listens with (net.core.somaxconn caps it), or serve faster: more workers, faster requests"
+            ]
+        );
+        assert_eq!(
+            lost_at("myd", "myd", "127.0.0.1:8080", 7, 7),
+            [
+                "myd: 127.0.0.1:8080 lost 7 connections at its full queue (backlog 3/2 now): raise net.core.somaxconn and the server's listen backlog, or accept faster: more workers, faster requests"
+            ]
+        );
+        let nginx = lost_at(
+            "nginx",
+            "nginx: master process /usr/sbin/nginx",
+            "0.0.0.0:80",
+            2,
+            9,
+        );
+        assert!(nginx[0].contains("backlog= (511 by default)"), "{nginx:?}");
+        // Lost before this period, none in it: nothing to say.
+        assert!(lost_at("myd", "myd", "127.0.0.1:8080", 0, 7).is_empty());
+    }
+
     #[test]
     fn too_little_data_fires_nothing() {
         assert!(insights(&forking(MIN_ACCEPTS as u32 - 1)).is_empty());
@@ -370,5 +499,91 @@ mod tests {
             Drops::default(),
         );
         assert!(insights(&quiet).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+    use crate::{
+        busy::{BusyRow, LimitRow},
+        event::{Event, HistDelta, HistMetric},
+        process::{LiveProcess, ProcessTable},
+    };
+
+    fn hist(tgid: u32, metric: HistMetric, n: u64, ns: u64) -> Event {
+        Event::Hist(HistDelta {
+            tgid,
+            comm: Some("php-fpm8.2".into()),
+            path: None,
+            metric,
+            count: n,
+            sum_ns: n * ns,
+            min_ns: ns,
+            max_ns: ns,
+            buckets: vec![(ns, n)],
+        })
+    }
+
+    /// A php-fpm pool of two workers whose master allows `limit` children:
+    /// 10 requests, each held 100 ms and having waited 150 ms in the queue,
+    /// with `max` of them held at once.
+    fn pool(limit: u32, max: u64) -> Vec<String> {
+        let mut t = ProcessTable::default();
+        let proc = |pid, title: &str, parent| LiveProcess {
+            pid,
+            name: "php-fpm8.2".into(),
+            title: Some(title.into()),
+            parent,
+            container: None,
+            ns_pid: None,
+        };
+        t.sync_watched(&[
+            proc(
+                10,
+                "php-fpm: master process (/etc/php/8.2/fpm/php-fpm.conf)",
+                None,
+            ),
+            proc(11, "php-fpm: pool www", Some((10, "php-fpm8.2".into()))),
+            proc(12, "php-fpm: pool www", Some((10, "php-fpm8.2".into()))),
+        ]);
+        for w in [11, 12] {
+            t.apply(&hist(w, HistMetric::Accept, 5, 1_000));
+            t.apply(&hist(w, HistMetric::AcceptQueue, 5, 150_000_000));
+            t.apply(&hist(w, HistMetric::Service, 5, 100_000_000));
+        }
+        let mut report = crate::fixtures::interval_report(&t);
+        let workers = report
+            .roles
+            .iter_mut()
+            .find(|r| r.latency[Latency::Accept].latency.count > 0)
+            .unwrap();
+        workers.busy = Some(BusyRow {
+            mean: 1.9,
+            max,
+            now: 2,
+            processes: 2,
+            limit: Some(LimitRow {
+                setting: "pm.max_children",
+                value: limit,
+                source: "/etc/php/8.2/fpm/pool.d/www.conf".into(),
+            }),
+        });
+        insights(&report)
+    }
+
+    #[test]
+    fn a_pool_at_its_limit_with_connections_queueing_names_the_setting() {
+        let found = pool(2, 2);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            found[0],
+            "php-fpm8.2 pool www: all workers busy: 2 connections held at once, pm.max_children is 2 (/etc/php/8.2/fpm/pool.d/www.conf); 1.9 busy on average, each connection held 100.00ms (p50); connections wait 150.00ms (p90) in its queue: raise pm.max_children (as memory allows) or make requests faster"
+        );
+    }
+
+    #[test]
+    fn a_pool_below_its_limit_is_not_called_full() {
+        assert!(pool(5, 2).iter().all(|i| !i.contains("all workers busy")));
     }
 }

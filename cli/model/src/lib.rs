@@ -2,6 +2,7 @@
 //! render. It knows nothing of the kernel or the terminal, so it is
 //! unit-tested without root.
 
+pub mod busy;
 pub mod containers;
 pub mod counter;
 pub mod event;

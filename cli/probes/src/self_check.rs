@@ -20,7 +20,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{Ebpf, maps::RingBuf};
 use probes_common::{event::EVENTS_MAP, hist::HistMetric};
 
-use super::{hist, tcp, watch::WatchSet};
+use super::{hist, services, tcp, watch::WatchSet};
 use stackprobe_model::tcp::sockets::TcpState;
 
 /// Runs the check; the probes must be attached, and nothing else watched yet.
@@ -43,8 +43,9 @@ pub fn run(ebpf: &mut Ebpf, watch_set: &WatchSet) -> Result<()> {
             .ok_or_else(|| anyhow!("the probes lack {EVENTS_MAP}"))?,
     )?;
     while ring.next().is_some() {}
-    // Nor are the counts of its links.
+    // Nor are the counts of its links, or the connection it served.
     tcp::forget_owner(ebpf, me)?;
+    services::forget_server(ebpf, me)?;
     checked?;
     if queue_waits != 1 {
         bail!(

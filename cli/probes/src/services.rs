@@ -5,7 +5,7 @@
 use anyhow::{Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData},
+    maps::{HashMap, MapData, MapError},
 };
 use probes_common::service::{
     BUSY_MAP, BUSY_MAX_MAP, Busy, CLOSE_FD_OFFSET_GLOBAL, CLOSE_PROGRAM, CLOSE_TRACEPOINT,
@@ -60,6 +60,28 @@ pub fn attach_close(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> {
         "syscalls",
         &[CLOSE_TRACEPOINT],
     )
+}
+
+/// Forgets `server`'s busy count (stackprobe's own, after its self-check).
+pub fn forget_server(ebpf: &mut Ebpf, server: u32) -> Result<()> {
+    let map = ebpf
+        .map_mut(BUSY_MAP)
+        .ok_or_else(|| anyhow!("the probes lack {BUSY_MAP}"))?;
+    let mut busy: HashMap<&mut MapData, u32, Busy> = HashMap::try_from(map)?;
+    forgotten(busy.remove(&server))?;
+    let map = ebpf
+        .map_mut(BUSY_MAX_MAP)
+        .ok_or_else(|| anyhow!("the probes lack {BUSY_MAX_MAP}"))?;
+    let mut max: HashMap<&mut MapData, u32, u64> = HashMap::try_from(map)?;
+    forgotten(max.remove(&server))
+}
+
+/// A removal's result: a key that was not there is removed as well.
+fn forgotten(r: Result<(), MapError>) -> Result<()> {
+    match r {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Each server's busy count (by the pid it is kept under) and the most it

@@ -12,8 +12,10 @@ use serde_json::Value;
 use super::tracer::{Tracer, summary};
 
 /// What `stackprobe watch` attaches whichever rungs its ladders take
-/// (cli/src/probes/{watch,accept,connect}.rs), in bpftrace's probe syntax.
-const ALWAYS: [&str; 9] = [
+/// (cli/probes/src/{watch,accept,connect,services}.rs), in bpftrace's probe
+/// syntax; sched_process_exit carries two of stackprobe's programs (the
+/// lifecycle probe's and the service end's), the floor one.
+const ALWAYS: [&str; 10] = [
     "tracepoint:sched:sched_process_fork",
     "tracepoint:sched:sched_process_exec",
     "tracepoint:sched:sched_process_exit",
@@ -23,6 +25,7 @@ const ALWAYS: [&str; 9] = [
     "tracepoint:syscalls:sys_exit_accept4",
     "tracepoint:syscalls:sys_enter_connect",
     "tracepoint:syscalls:sys_exit_connect",
+    "tracepoint:syscalls:sys_enter_close",
 ];
 
 /// What the floor attaches in place of the state probe's tp_btf rung; not a
@@ -55,6 +58,9 @@ fn rung_hooks(metric: &str, hook: &str) -> Option<&'static [&'static str]> {
         // (raw_tp ≈ +3 ns, tracepoint ≈ +10 ns on an empty program), so the
         // floor is slightly above the true one for this hook.
         ("tcp_state", "tp_btf") => &[TP_BTF_STAND_IN],
+        ("unix_queue", "data-ready") => &["tracepoint:sock:sk_data_ready"],
+        // The connect and accept tracepoints, already among ALWAYS.
+        ("unix_queue", "syscalls") => &[],
         _ => return None,
     })
 }
@@ -66,7 +72,7 @@ pub fn hooks(summary: &Value) -> Result<Vec<&'static str>> {
         .as_array()
         .context("stackprobe's summary has no hooks[]")?;
     let mut hooks = ALWAYS.to_vec();
-    for metric in ["fork", "accept_queue", "tcp_state"] {
+    for metric in ["fork", "accept_queue", "unix_queue", "tcp_state"] {
         let hook = rungs
             .iter()
             .find(|r| r["metric"] == metric)
@@ -178,6 +184,7 @@ mod tests {
         json!({"type": "summary", "hooks": [
             {"metric": "fork", "hook": fork, "description": ""},
             {"metric": "accept_queue", "hook": queue, "description": ""},
+            {"metric": "unix_queue", "hook": "data-ready", "description": ""},
             {"metric": "tcp_state", "hook": state, "description": ""},
         ]})
     }
@@ -185,14 +192,14 @@ mod tests {
     #[test]
     fn the_state_probes_tp_btf_rung_has_the_classic_tracepoint_stand_in() {
         let hooks = hooks(&report_with_state("tracepoint", "fd-walk", "tp_btf")).unwrap();
-        assert_eq!(hooks.len(), 18);
+        assert_eq!(hooks.len(), 20);
         assert!(hooks.contains(&TP_BTF_STAND_IN));
     }
 
     #[test]
     fn the_tracepoint_rungs_give_the_syscall_lifecycle_and_sock_tracepoints() {
         let hooks = hooks(&report("tracepoint", "fd-walk")).unwrap();
-        assert_eq!(hooks.len(), 18);
+        assert_eq!(hooks.len(), 20);
         assert!(hooks.iter().all(|h| h.starts_with("tracepoint:")));
         for h in [
             "tracepoint:syscalls:sys_enter_accept4",
@@ -200,6 +207,8 @@ mod tests {
             "tracepoint:syscalls:sys_enter_vfork",
             "tracepoint:sched:sched_process_exec",
             "tracepoint:sock:inet_sock_set_state",
+            "tracepoint:sock:sk_data_ready",
+            "tracepoint:syscalls:sys_enter_close",
         ] {
             assert!(hooks.contains(&h), "{h} missing");
         }
@@ -209,7 +218,7 @@ mod tests {
     #[test]
     fn the_trampoline_rungs_replace_the_clone_tracepoints() {
         let hooks = hooks(&report("fentry", "fexit")).unwrap();
-        assert_eq!(hooks.len(), 13);
+        assert_eq!(hooks.len(), 15);
         assert!(hooks.contains(&"kretfunc:kernel_clone"));
         assert!(hooks.contains(&"kretfunc:inet_csk_accept"));
         assert!(!hooks.iter().any(|h| h.contains("clone3")));

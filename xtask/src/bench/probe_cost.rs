@@ -42,7 +42,10 @@ pub struct Workload {
 pub const ACCEPT: Workload = Workload {
     name: "accept",
     command: |n| (format!("accept {n} tcp accept4"), format!("accepted {n}")),
-    programs: &["accept_enter", "accept_exit"],
+    // The server closes each connection it accepted (the service's end),
+    // and every segment on the host passes sk_data_ready (the unix queue's
+    // rung, which keeps only unix listeners).
+    programs: &["accept_enter", "accept_exit", "service_close", "unix_data_ready"],
     bpftrace: "tracepoint:syscalls:sys_enter_accept4 /pid == PID/ { @start[tid] = nsecs; }
 tracepoint:syscalls:sys_exit_accept4 /@start[tid]/ { if (args->ret >= 0) { @ns = hist(nsecs - @start[tid]); } delete(@start[tid]); }",
     bpftrace_programs: &["sys_enter_accep", "sys_exit_accept"],
@@ -78,7 +81,14 @@ fn accepted_all(summary: &Value, pid: u32, n: u64) -> Result<()> {
 pub const FORK: Workload = Workload {
     name: "fork",
     command: |n| (format!("serve-fork {n} tcp 0"), format!("served {n}")),
-    programs: &["clone_enter", "clone_exit", "watch_fork", "watch_exit", "accept_exit"],
+    programs: &[
+        "clone_enter",
+        "clone_exit",
+        "watch_fork",
+        "watch_exit",
+        "accept_exit",
+        "service_exit",
+    ],
     bpftrace: "tracepoint:syscalls:sys_enter_clone /pid == PID/ { @start[tid] = nsecs; }
 tracepoint:syscalls:sys_exit_clone /@start[tid]/ { if (args->ret > 0) { @ns = hist(nsecs - @start[tid]); } delete(@start[tid]); }",
     bpftrace_programs: &["sys_enter_clone", "sys_exit_clone"],

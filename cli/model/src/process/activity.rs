@@ -9,7 +9,7 @@ use crate::{
     counter::Counter,
     event::HistDelta,
     histogram::LatencyHistogram,
-    measure::{Counts, DestinationCount, Feeds, Latencies, Per},
+    measure::{Counts, DestinationCount, Feeds, Latencies, Latency, Per},
 };
 
 /// Listeners kept apart per process or role; further ones are summed under
@@ -231,6 +231,10 @@ impl Activity {
                 self.latency[l].record_kernel(d);
                 match l.decl().per {
                     Per::Process => {}
+                    // What an accept whose listener is not known (its
+                    // thread was blocked in accept() at attach) measured
+                    // beyond the accept itself counts for the role only.
+                    Per::Listener if d.path.is_none() && l != Latency::Accept => {}
                     Per::Listener => self.listener(listener()).latency[l].record_kernel(d),
                     Per::Destination => self.destination(destination()).latency.record_kernel(d),
                 }

@@ -3,8 +3,9 @@
 //!
 //! The report and the period it covers are here; each of its parts has a
 //! file: the rows per role (`roles.rs`), the live processes' accept rows
-//! (`processes.rs`), the TCP report (`tcp.rs`), and a client's TCP and
-//! unix paths to one server side by side (`paths.rs`).
+//! (`processes.rs`), the TCP report (`tcp.rs`), a client's TCP and
+//! unix paths to one server side by side (`paths.rs`), and the chains of
+//! roles a request crosses, hop by hop (`chains.rs`).
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use super::{
     process::{Metric, ProcessTable, Span},
 };
 
+mod chains;
 mod paths;
 mod processes;
 mod roles;
@@ -24,12 +26,14 @@ mod tcp;
 #[cfg(test)]
 mod tests;
 
+pub use chains::{Chain, Hop, HopLatency, MIN_REQUESTS, PER_REQUEST_TOLERANCE, link_chains};
 pub use paths::{PathComparison, PathNumbers, path_kind};
 pub use processes::{ACCEPT_METRIC, ProcessRow};
 pub use roles::{ConnectRow, ListenerLatencyRow, PIDS_SHOWN, RoleRow};
 pub use tcp::{KernelRow, LinkRow, ListenerRow, PORT_PRESSURE_WARNING, TcpReport};
 
 use self::{
+    chains::chains,
     paths::compare_paths,
     processes::process_rows,
     roles::{attach_backlogs, role_rows},
@@ -47,7 +51,7 @@ pub enum ReportKind {
 
 /// The `--json` schema: bumped when a field changes meaning or goes away
 /// (new fields may appear without a bump).
-pub const SCHEMA: &str = "stackprobe.watch/3";
+pub const SCHEMA: &str = "stackprobe.watch/4";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -75,6 +79,10 @@ pub struct Report {
     /// Clients that reach one watched server over TCP and over a unix
     /// socket: the two paths side by side.
     pub paths: Vec<PathComparison>,
+    /// Each chain of watched roles a request crosses (nginx → php-fpm →
+    /// postgres), hop by hop, with each hop's own time: rebuilt by
+    /// [`link_chains`] once the collector has filled the roles' `busy`.
+    pub chains: Vec<Chain>,
     /// Per-program BPF run-time statistics, with `--probe-cost` only.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub probe_cost: Vec<ProgramCost>,
@@ -166,10 +174,9 @@ impl Report {
         let mut roles = role_rows(&p, table, span);
         let processes = process_rows(&p, table);
         let tcp = tcp_report(&p, table);
-        for role in &mut roles {
-            attach_backlogs(role, &tcp.listeners, table);
-        }
+        attach_backlogs(&mut roles, &tcp.listeners, table);
         let paths = compare_paths(&roles);
+        let chains = chains(&roles);
         Self {
             schema: SCHEMA,
             kind,
@@ -183,6 +190,7 @@ impl Report {
             processes,
             tcp,
             paths,
+            chains,
             probe_cost: Vec::new(),
             insights: Vec::new(),
             rungs: Vec::new(),

@@ -4,8 +4,9 @@
 
 use serde::Serialize;
 
-use super::{CountRow, ListenerRow, MetricRow, Period, path_kind};
+use super::{CountRow, ListenerRow, MetricRow, Period, Report, path_kind};
 use crate::{
+    busy::BusyRow,
     containers,
     measure::{Count, Counts, Latencies, Latency, ListenerLatencies},
     process::{Activity, ProcessTable, Span},
@@ -40,6 +41,9 @@ pub struct RoleRow {
     pub listeners: Vec<ListenerLatencyRow>,
     /// The role's connects per destination, busiest first.
     pub connects: Vec<ConnectRow>,
+    /// The connections the role's server held (see [`crate::busy`]); null
+    /// for a role that accepted none since stackprobe started.
+    pub busy: Option<BusyRow>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -77,6 +81,15 @@ pub struct ListenerLatencyRow {
     /// the report; null for a listener neither found.
     pub backlog: Option<u32>,
     pub max_backlog: Option<u32>,
+    /// Connections lost at the listener's full queue (`count` in the
+    /// period, `total` since stackprobe started): a TCP listener's from
+    /// the last walk of the sockets (its `sk_drops`, see
+    /// [`ListenerRow::lost`]: between walks, the last walk's), a unix
+    /// listener's the connects its full queue refused (EAGAIN) from any
+    /// process, matched by the socket file the client named; null for a
+    /// listener neither found. A listener that lost connections has a row
+    /// even if its role accepted nothing from it.
+    pub lost: Option<CountRow>,
 }
 
 pub const PIDS_SHOWN: usize = 16;
@@ -128,6 +141,7 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
         children_alive: pids.iter().map(|&pid| table.children_alive(pid)).sum(),
         listeners: listener_rows(p, a),
         connects: connect_rows(p, a),
+        busy: None,
     }
 }
 
@@ -153,19 +167,104 @@ fn connect_rows(p: &Period, a: &Activity) -> Vec<ConnectRow> {
     rows
 }
 
-/// Each of the role's TCP listeners' backlog, from the walk's listener of
-/// that address held by one of the role's processes.
-pub(super) fn attach_backlogs(role: &mut RoleRow, walked: &[ListenerRow], table: &ProcessTable) {
-    for l in &mut role.listeners {
+/// The TCP listeners' backlogs and lost connections on the roles'
+/// listener rows, each from the walk's listener of that address (see
+/// [`Report::attach_listener`]).
+pub(super) fn attach_backlogs(roles: &mut [RoleRow], walked: &[ListenerRow], table: &ProcessTable) {
+    for w in walked {
+        let Some(holder) = table.get(w.pid).map(|p| p.role()) else {
+            continue;
+        };
         // The walk names a listener in another namespace with its suffix;
         // its process names it without.
-        let found = walked.iter().find(|w| {
-            w.address.strip_suffix(&netns_suffix(w.netns)) == Some(l.listener.as_str())
-                && table.get(w.pid).is_some_and(|p| p.role() == role.role)
-        });
-        if let Some(w) = found {
-            l.backlog = Some(w.backlog);
-            l.max_backlog = Some(w.max_backlog);
+        let name = w
+            .address
+            .strip_suffix(&netns_suffix(w.netns))
+            .unwrap_or(&w.address);
+        attach_listener(
+            roles,
+            &holder,
+            name,
+            Some((w.backlog, w.max_backlog)),
+            w.lost,
+        );
+    }
+}
+
+impl Report {
+    /// Puts a listener's backlog (connections waiting, and the limit) and
+    /// the connections it lost on the rows that show it: those of its name
+    /// in `holder`'s role (the role of the process holding it), else in
+    /// the other roles of the same container (a master holds the socket
+    /// its workers accept from). A listener that lost connections and has
+    /// no row gets one in the holder's role.
+    pub fn attach_listener(
+        &mut self,
+        holder: &str,
+        listener: &str,
+        backlog: Option<(u32, u32)>,
+        lost: CountRow,
+    ) {
+        attach_listener(&mut self.roles, holder, listener, backlog, lost);
+    }
+}
+
+fn attach_listener(
+    roles: &mut [RoleRow],
+    holder: &str,
+    listener: &str,
+    backlog: Option<(u32, u32)>,
+    lost: CountRow,
+) {
+    let fill = |l: &mut ListenerLatencyRow| {
+        if let Some((n, max)) = backlog {
+            l.backlog = Some(n);
+            l.max_backlog = Some(max);
+        }
+        l.lost = Some(lost);
+    };
+    let mut found = false;
+    for l in roles
+        .iter_mut()
+        .filter(|r| r.role == holder)
+        .flat_map(|r| r.listeners.iter_mut())
+        .filter(|l| l.listener == listener)
+    {
+        fill(l);
+        found = true;
+    }
+    if !found {
+        let container = containers::split_role(holder).1;
+        for l in roles
+            .iter_mut()
+            .filter(|r| containers::split_role(&r.role).1 == container)
+            .flat_map(|r| r.listeners.iter_mut())
+            .filter(|l| l.listener == listener)
+        {
+            fill(l);
+            found = true;
+        }
+    }
+    if !found
+        && lost.total > 0
+        && let Some(role) = roles.iter_mut().find(|r| r.role == holder)
+    {
+        let mut row = ListenerLatencyRow::unaccepted(listener.to_string());
+        fill(&mut row);
+        role.listeners.push(row);
+    }
+}
+
+impl ListenerLatencyRow {
+    /// The row of a listener its role accepted nothing from: no latency,
+    /// nothing known of its backlog.
+    pub fn unaccepted(listener: String) -> Self {
+        Self {
+            listener,
+            latency: ListenerLatencies::default(),
+            backlog: None,
+            max_backlog: None,
+            lost: None,
         }
     }
 }
@@ -179,6 +278,7 @@ fn listener_rows(p: &Period, a: &Activity) -> Vec<ListenerLatencyRow> {
             latency: ListenerLatencies(l.latency.map(|m| p.metric(m))),
             backlog: None,
             max_backlog: None,
+            lost: None,
         })
         .collect();
     rows.sort_by(|a, b| {

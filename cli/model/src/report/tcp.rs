@@ -69,6 +69,15 @@ pub struct ListenerRow {
     /// Connections established and waiting to be accepted now, and the limit.
     pub backlog: u32,
     pub max_backlog: u32,
+    /// Connections the kernel dropped at this listener since stackprobe
+    /// started (`count` in the period, `total` since the start): each one
+    /// its full accept queue turned away, and those a full SYN queue or
+    /// want of memory dropped (the listener's `sk_drops`, `ss -ltm`'s `d`,
+    /// which also counts the rarer drops of a listener busy in a syscall).
+    /// As of the last walk of the sockets: a report between walks (walks
+    /// are a few seconds, at most 30 s, apart) keeps the last walk's total
+    /// and counts nothing new.
+    pub lost: CountRow,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -166,6 +175,7 @@ pub(super) fn tcp_report(p: &Period, table: &ProcessTable) -> TcpReport {
                 netns: l.netns,
                 backlog: l.backlog,
                 max_backlog: l.max_backlog,
+                lost: p.count(&l.lost),
             })
             .collect(),
         kernel,
@@ -244,6 +254,108 @@ mod tests {
             ),
             "{}",
             r.tcp.warnings[0]
+        );
+    }
+
+    #[test]
+    fn a_listeners_drops_since_the_first_walk_are_its_lost_connections() {
+        use std::collections::HashMap;
+
+        use crate::{
+            fixtures::{interval_report, live},
+            report::CountRow,
+            tcp::{
+                snapshot::{SocketSnapshot, Walk},
+                sockets::{ListenDrops, TcpSock, TcpState},
+            },
+        };
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(7, "myd")]);
+        // myd (pid 7) listens on 127.0.0.1:8080 and accepts nothing: each
+        // walk finds its socket's drops so far.
+        let walk = |drops: u32| SocketSnapshot {
+            walk: Some(Walk {
+                listeners: vec![TcpSock {
+                    state: TcpState::Listen,
+                    local: "127.0.0.1:8080".parse().unwrap(),
+                    remote: "0.0.0.0:0".parse().unwrap(),
+                    ino: 55,
+                    backlog: 2,
+                    max_backlog: 1,
+                    netns: None,
+                }],
+                owners: HashMap::from([((None, 8080), 7)]),
+                listen_drops: vec![ListenDrops {
+                    netns: None,
+                    ino: 55,
+                    drops,
+                }],
+                namespaces: vec![None],
+                ..Walk::default()
+            }),
+            ..Default::default()
+        };
+        // 40 before stackprobe's first walk, 12 in the first interval.
+        t.links.observe_snapshot(walk(40));
+        t.links.observe_snapshot(walk(52));
+        let lost = |r: &Report| {
+            let row = r.roles[0]
+                .listeners
+                .iter()
+                .find(|l| l.listener == "127.0.0.1:8080")
+                .expect("a row for the listener that lost connections");
+            assert_eq!((row.backlog, row.max_backlog), (Some(2), Some(1)));
+            assert_eq!(Some(r.tcp.listeners[0].lost), row.lost);
+            row.lost
+        };
+        let r = interval_report(&t);
+        assert_eq!(
+            lost(&r),
+            Some(CountRow {
+                count: 12,
+                total: 12
+            })
+        );
+        let insights = crate::insights::insights(&r);
+        assert!(
+            insights
+                .iter()
+                .any(|i| i.starts_with("myd: 127.0.0.1:8080 lost 12 connections at its full queue")),
+            "{insights:?}"
+        );
+        // 3 more in the next interval; the summary counts all 15.
+        t.reset_interval();
+        t.links.observe_snapshot(walk(55));
+        assert_eq!(
+            lost(&interval_report(&t)),
+            Some(CountRow {
+                count: 3,
+                total: 15
+            })
+        );
+        let summary = Report::build(
+            ReportKind::Summary,
+            &t,
+            Duration::from_secs(4),
+            Duration::from_secs(4),
+            Drops::default(),
+        );
+        assert_eq!(
+            lost(&summary),
+            Some(CountRow {
+                count: 15,
+                total: 15
+            })
+        );
+        // A look without a walk: the last walk's total, nothing new.
+        t.reset_interval();
+        t.links.observe_snapshot(SocketSnapshot::default());
+        assert_eq!(
+            lost(&interval_report(&t)),
+            Some(CountRow {
+                count: 0,
+                total: 15
+            })
         );
     }
 

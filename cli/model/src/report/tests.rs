@@ -197,7 +197,18 @@ mod json_doc;
 
 #[test]
 fn json_field_names_are_the_documented_ones() {
-    let t = table();
+    // The table's roles, and a chain of three (so that `chains[]` and its
+    // hops are checked too).
+    let mut t = table();
+    t.sync_watched(&[
+        live(1, "idle"),
+        live(2, "busy"),
+        live(3, "quiet"),
+        live(11, "nginx"),
+        live(12, "php-fpm"),
+        live(13, "postgres"),
+    ]);
+    crate::fixtures::request_path(&mut t, &crate::fixtures::three_hop_path(100, 100));
     let r = Report::build(
         ReportKind::Summary,
         &t,
@@ -206,7 +217,7 @@ fn json_field_names_are_the_documented_ones() {
         Drops::default(),
     );
     let v = serde_json::to_value(&r).unwrap();
-    assert_eq!(v["schema"], "stackprobe.watch/3");
+    assert_eq!(v["schema"], "stackprobe.watch/4");
     assert_eq!(v["type"], "summary");
     assert_eq!(v["drops"], 0);
     assert_eq!(v["processes"][0]["metric"], "accept_latency");
@@ -249,6 +260,9 @@ fn json_field_names_are_the_documented_ones() {
         }
     }
     assert!(!drops["skipped"]["accept"].is_null());
+    let hop = &v["chains"][0]["hops"][1];
+    assert_eq!(hop["role"], "php-fpm", "{}", v["chains"]);
+    assert!(!hop["own_ns"].is_null() && !hop["connect"]["mean_ns"].is_null());
     // Gone in schema 3: accepts and forks never cross the ring buffer.
     for gone in [
         &drops["lost"]["accept"],

@@ -19,6 +19,7 @@ use rustc_hash::FxHashMap;
 use super::{
     counts::{LinkStats, LinkTotals},
     key::{KernelLink, LinkKey, Peer, PeerText},
+    lost::ListenerLost,
     role_names::RoleNames,
     snapshot::{KernelCounters, Listener, SocketSnapshot, Unwalked},
     sockets::TcpState,
@@ -66,6 +67,8 @@ pub struct LinkTable {
     reads: u64,
     /// Watched processes' listening sockets, from the last snapshot.
     listening: Vec<Listener>,
+    /// Every listener's drops since the start, from the walks.
+    listen_lost: ListenerLost,
     /// Kernel counters at the start, at the start of the interval, and now.
     counters: Option<(KernelCounters, KernelCounters, KernelCounters)>,
     /// Ephemeral ports (ip_local_port_range), when readable.
@@ -91,6 +94,9 @@ impl LinkTable {
         }
         self.add_totals(&snapshot.links);
         if let Some(walk) = snapshot.walk {
+            self.listen_lost
+                .observe(&walk.namespaces, &walk.listen_drops);
+            let lost = &self.listen_lost;
             self.listening = walk
                 .listeners
                 .iter()
@@ -102,6 +108,7 @@ impl LinkTable {
                         netns: s.netns,
                         backlog: s.backlog,
                         max_backlog: s.max_backlog,
+                        lost: lost.get((s.netns, s.ino)).unwrap_or_default(),
                     })
                 })
                 .collect();
@@ -327,6 +334,10 @@ impl LinkTable {
     pub fn reset_interval(&mut self) {
         if let Some((start, _, now)) = self.counters {
             self.counters = Some((start, now, now));
+        }
+        self.listen_lost.reset_interval();
+        for l in &mut self.listening {
+            l.lost.interval = 0;
         }
         for seen in self.seen.values_mut() {
             seen.interval = LinkTotals::default();

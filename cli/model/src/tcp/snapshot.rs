@@ -8,8 +8,9 @@ use std::{collections::HashMap, net::SocketAddr};
 use super::{
     counts::LinkTotals,
     key::KernelLink,
-    sockets::{Netns, TcpSock},
+    sockets::{ListenDrops, Netns, TcpSock},
 };
+use crate::counter::Counter;
 
 /// A network namespace a watched process lives in that the walk could not
 /// enter: its sockets are not counted, which the report says.
@@ -30,6 +31,10 @@ pub struct Listener {
     /// Connections established and waiting to be accepted, and the limit.
     pub backlog: u32,
     pub max_backlog: u32,
+    /// Connections the kernel dropped at it (its `sk_drops`: a full accept
+    /// queue, a full SYN queue, no memory) since stackprobe started, in
+    /// this interval and in all, as of the last walk.
+    pub lost: Counter,
 }
 
 /// Machine-wide TcpExt counters (cumulative since boot).
@@ -70,6 +75,10 @@ pub struct Walk {
     pub sockets: usize,
     /// Network namespaces of watched processes the walk could not enter.
     pub unwalked: Vec<Unwalked>,
+    /// Every listener's `sk_drops` (not only watched processes').
+    pub listen_drops: Vec<ListenDrops>,
+    /// The namespaces the walk went through (None: stackprobe's own).
+    pub namespaces: Vec<Netns>,
 }
 
 /// What one look at the kernel found: the links' running totals, maybe a

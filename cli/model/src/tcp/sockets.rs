@@ -60,6 +60,17 @@ pub struct TcpSock {
     pub netns: Netns,
 }
 
+/// A listening socket's `sk_drops` as a walk read it: the connections the
+/// kernel dropped at it since it was made (at a full accept queue, a full
+/// SYN queue or for want of memory, as `ListenDrops` counts them for the
+/// machine), wrapping at 2^32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenDrops {
+    pub netns: Netns,
+    pub ino: u64,
+    pub drops: u32,
+}
+
 /// A socket's network namespace: None for stackprobe's own, else the
 /// inode number of another (a container's), as `/proc/PID/ns/net` names it.
 pub type Netns = Option<u32>;

@@ -9,7 +9,9 @@ use stackprobe_model::measure::{Count, Latency, Per};
 use stackprobe_model::{
     histogram::{Log2Bucket, Summary, duration},
     probe_stats::Drops,
-    report::{PathComparison, Report, ReportKind, RoleRow, TcpReport},
+    report::{
+        Chain, HopLatency, PathComparison, Report, ReportKind, RoleRow, TcpReport, path_kind,
+    },
 };
 
 const BAR_WIDTH: u64 = 40;
@@ -45,6 +47,7 @@ pub fn render(report: &Report) -> String {
     for role in &report.roles {
         out.push_str(&role_block(role));
     }
+    out.push_str(&chains_block(&report.chains));
     out.push_str(&paths_block(&report.paths));
     out.push_str(&tcp_block(&report.tcp));
     for insight in &report.insights {
@@ -86,6 +89,7 @@ pub fn render(report: &Report) -> String {
 fn role_block(r: &RoleRow) -> String {
     let mut out = role_header(r);
     out.push_str(&latency_lines(r));
+    out.push_str(&busy_line(r));
     out.push_str(&listener_lines(r));
     out.push_str(&connect_lines(r));
     out
@@ -160,6 +164,21 @@ fn role_header(r: &RoleRow) -> String {
     out
 }
 
+/// The connections the role's server held: mean and most at once, against
+/// its processes and its configured limit.
+fn busy_line(r: &RoleRow) -> String {
+    let Some(b) = &r.busy else {
+        return String::new();
+    };
+    let limit = b.limit.as_ref().map_or_else(String::new, |l| {
+        format!("  limit {} {} ({})", l.setting, l.value, l.source)
+    });
+    format!(
+        "  {:<15} mean {:.1}  max {}  now {}  of {} processes{limit}\n",
+        "busy", b.mean, b.max, b.now, b.processes
+    )
+}
+
 /// A percentile line per declared latency with samples in the period
 /// (connects are per destination, below).
 fn latency_lines(r: &RoleRow) -> String {
@@ -173,7 +192,8 @@ fn latency_lines(r: &RoleRow) -> String {
     out
 }
 
-/// Per listener, only when the role accepts from more than one.
+/// Per listener, when the role accepts from more than one; and each
+/// listener that lost connections at its full queue.
 fn listener_lines(r: &RoleRow) -> String {
     let mut out = String::new();
     let active: Vec<_> = r
@@ -181,20 +201,29 @@ fn listener_lines(r: &RoleRow) -> String {
         .iter()
         .filter(|l| l.latency[Latency::Accept].latency.count > 0)
         .collect();
-    if active.len() < 2 {
-        return out;
-    }
-    for l in active {
+    let each = active.len() >= 2;
+    for l in &r.listeners {
+        let accepted = l.latency[Latency::Accept].latency.count > 0;
+        let lost = l.lost.filter(|c| c.total > 0);
+        if !(each && accepted) && lost.is_none() {
+            continue;
+        }
         let backlog = match (l.backlog, l.max_backlog) {
             (Some(n), Some(max)) => format!("  backlog {n}/{max}"),
             _ => String::new(),
         };
+        let lost = lost.map_or_else(String::new, |c| {
+            format!("  lost at a full queue {}", c.count)
+        });
         let accept = &l.latency[Latency::Accept];
         let _ = writeln!(
             out,
-            "  from {}  accepts {} ({:.1}/s){backlog}",
+            "  from {}  accepts {} ({:.1}/s){backlog}{lost}",
             l.listener, accept.latency.count, accept.rate_per_s
         );
+        if !each {
+            continue;
+        }
         for (latency, m) in l.latency.iter() {
             if m.latency.count > 0 {
                 let label = latency.decl().label;
@@ -235,6 +264,87 @@ fn connect_lines(r: &RoleRow) -> String {
                 Latency::Connect.decl().label,
                 percentile_line(&c.latency.latency)
             );
+        }
+    }
+    out
+}
+
+/// Each chain of roles a request crosses: one line per hop with the link it
+/// was reached by, the means of its connect, queue wait, accept and service
+/// time, its own time, forks per accept, busy connections and connections
+/// lost at its queue; then the hop holding the most own time.
+fn chains_block(chains: &[Chain]) -> String {
+    let mut out = String::new();
+    let mean = |l: &HopLatency| {
+        if l.count > 0 {
+            duration(l.mean_ns)
+        } else {
+            "-".to_string()
+        }
+    };
+    for c in chains {
+        let roles: Vec<&str> = c.hops.iter().map(|h| h.role.as_str()).collect();
+        let _ = writeln!(out, "path: {} (means)", roles.join(" → "));
+        for (i, h) in c.hops.iter().enumerate() {
+            out.push_str("  ");
+            if i > 0 {
+                let via: Vec<String> = h
+                    .via
+                    .iter()
+                    .map(|v| format!("{}:{v}", path_kind(v)))
+                    .collect();
+                let _ = write!(out, "{} → ", c.hops[i - 1].role);
+                let _ = write!(out, "{} ({})", h.role, via.join(", "));
+            } else {
+                out.push_str(&h.role);
+            }
+            if let Some(connect) = &h.connect {
+                let _ = write!(out, "  connect {}", mean(connect));
+            }
+            let _ = write!(
+                out,
+                "  queue {}  accept {}  service {}",
+                mean(&h.accept_queue),
+                mean(&h.accept),
+                mean(&h.service)
+            );
+            match h.own_ns {
+                Some(own) => {
+                    let _ = write!(out, "  own {}", duration(own));
+                }
+                None => out.push_str("  own -"),
+            }
+            if let Some(f) = h.forks_per_accept.filter(|&f| f > 0.0) {
+                let _ = write!(out, "  forks/accept {f:.2}");
+            }
+            if let Some(b) = &h.busy {
+                let _ = write!(out, "  busy {:.1}/{}", b.mean, b.max);
+                if let Some(l) = &b.limit {
+                    let _ = write!(out, " ({} {})", l.setting, l.value);
+                }
+            }
+            if let Some(lost) = h.lost.filter(|l| l.total > 0) {
+                let _ = write!(out, "  lost {}", lost.count);
+            }
+            if let Some(note) = &h.note {
+                let _ = write!(out, "  ({note})");
+            }
+            out.push('\n');
+        }
+        match c
+            .holder
+            .as_ref()
+            .and_then(|holder| c.hops.iter().find(|h| &h.role == holder))
+        {
+            Some(h) => {
+                let _ = writeln!(
+                    out,
+                    "  holder: {} (own {})",
+                    h.role,
+                    duration(h.own_ns.unwrap_or(0))
+                );
+            }
+            None => out.push_str("  holder: - (no hop has an own time)\n"),
         }
     }
     out
@@ -308,7 +418,7 @@ fn tcp_block(tcp: &TcpReport) -> String {
     for l in &tcp.listeners {
         let _ = writeln!(
             out,
-            "  {}[{}] {}  backlog {}/{}{}",
+            "  {}[{}] {}  backlog {}/{}{}{}",
             l.process.as_deref().unwrap_or("?"),
             l.pid,
             l.address,
@@ -318,6 +428,11 @@ fn tcp_block(tcp: &TcpReport) -> String {
                 "  FULL"
             } else {
                 ""
+            },
+            if l.lost.total > 0 {
+                format!("  lost at a full queue {}", l.lost.count)
+            } else {
+                String::new()
             }
         );
     }
@@ -560,6 +675,76 @@ mod tests {
             text.contains("  from /run/postgresql/.s.PGSQL.5432  accepts 1 (1.0/s)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_listener_that_lost_connections_says_how_many() {
+        use stackprobe_model::report::{CountRow, ListenerLatencyRow};
+        let mut r = report(Drops::default());
+        let mut lost = ListenerLatencyRow::unaccepted("/run/php/www.sock".into());
+        lost.backlog = Some(3);
+        lost.max_backlog = Some(2);
+        lost.lost = Some(CountRow {
+            count: 12,
+            total: 40,
+        });
+        r.roles[0].listeners.push(lost);
+        let mut quiet = ListenerLatencyRow::unaccepted("/run/php/other.sock".into());
+        quiet.lost = Some(CountRow::default());
+        r.roles[0].listeners.push(quiet);
+        let text = render(&r);
+        assert!(
+            text.contains(
+                "  from /run/php/www.sock  accepts 0 (0.0/s)  backlog 3/2  lost at a full queue 12\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("other.sock"), "{text}");
+    }
+
+    #[test]
+    fn a_chain_of_roles_shows_each_hops_times_and_the_holder() {
+        use stackprobe_model::{
+            busy::{BusyRow, LimitRow},
+            report::{CountRow, link_chains},
+        };
+        let mut t = ProcessTable::default();
+        fixtures::three_hops(&mut t, 100);
+        let mut r = fixtures::interval_report(&t);
+        let php = r.roles.iter_mut().find(|r| r.role == "php-fpm").unwrap();
+        php.busy = Some(BusyRow {
+            mean: 2.0,
+            max: 2,
+            now: 2,
+            processes: 2,
+            limit: Some(LimitRow {
+                setting: "pm.max_children",
+                value: 2,
+                source: "/etc/php/8.2/fpm/pool.d/www.conf".into(),
+            }),
+        });
+        php.listeners[0].lost = Some(CountRow { count: 3, total: 5 });
+        link_chains(&mut r);
+        let text = render(&r);
+        let block: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("path: "))
+            .take(5)
+            .collect();
+        assert_eq!(
+            block,
+            [
+                "path: nginx → php-fpm → postgres (means)",
+                "  nginx  queue 30.0µs  accept 4.0µs  service 100.00ms  own 7.96ms",
+                "  nginx → php-fpm (unix:/run/php/php-fpm.sock)  connect 40.0µs  queue 12.00ms  accept 4.0µs  service 80.00ms  own 28.98ms  busy 2.0/2 (pm.max_children 2)  lost 3",
+                "  php-fpm → postgres (tcp:127.0.0.1:5432)  connect 15.0µs  queue 1.00ms  accept 4.0µs  service 50.00ms  own 50.00ms",
+                "  holder: postgres (own 50.00ms)",
+            ],
+            "{text}"
+        );
+        // After the roles.
+        let path = text.find("path: ").unwrap();
+        assert!(text.find("postgres (1 process").unwrap() < path, "{text}");
     }
 
     #[test]

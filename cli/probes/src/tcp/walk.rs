@@ -11,11 +11,15 @@ use aya::{
 };
 use probes_common::sock::{
     ITER_AGGREGATE, ITER_CONFIG_MAP, ITER_EVERY_SOCKET, ITER_PROGRAM, IterConfig, LinkKey,
-    TW_COUNTS_MAP, TwCount,
+    TCP_LISTEN, TW_COUNTS_MAP, TcpSocket, TwCount,
 };
 
 use crate::{decode, privileges};
-use stackprobe_model::tcp::{key::KernelLink, snapshot::Unwalked, sockets::TcpSock};
+use stackprobe_model::tcp::{
+    key::KernelLink,
+    snapshot::Unwalked,
+    sockets::{ListenDrops, TcpSock},
+};
 
 fn set_config(ebpf: &mut Ebpf, config: IterConfig) -> Result<()> {
     let map = ebpf
@@ -76,16 +80,34 @@ fn enter(ns: &std::fs::File) -> Result<()> {
     Ok(())
 }
 
-/// Reads a walk to its end.
-fn read_walk(mut file: std::fs::File) -> Result<Vec<TcpSock>> {
+/// Reads a walk to its end: its sockets, and its listeners' drops.
+fn read_walk(mut file: std::fs::File) -> Result<(Vec<TcpSock>, Vec<ListenDrops>)> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .context("reading the TCP iterator")?;
-    Ok(decode::tcp_sockets(&bytes))
+    Ok((decode::tcp_sockets(&bytes), listen_drops(&bytes)))
+}
+
+/// Each listener's `sk_drops` in a walk's records.
+fn listen_drops(bytes: &[u8]) -> Vec<ListenDrops> {
+    bytes
+        .chunks_exact(size_of::<TcpSocket>())
+        .filter_map(|chunk| {
+            // SAFETY: `chunk` holds size_of::<TcpSocket>() bytes, read
+            // unaligned; TcpSocket is plain data (probes-common asserts its
+            // layout), valid for any bytes.
+            let s: TcpSocket = unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast()) };
+            (s.state == TCP_LISTEN).then(|| ListenDrops {
+                netns: decode::netns(s.netns),
+                ino: s.ino,
+                drops: s.drops,
+            })
+        })
+        .collect()
 }
 
 /// Runs the iterator once in stackprobe's own namespace.
-fn run_iterator(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
+fn run_iterator(ebpf: &mut Ebpf) -> Result<(Vec<TcpSock>, Vec<ListenDrops>)> {
     read_walk(iterator_file(ebpf)?)
 }
 
@@ -98,7 +120,7 @@ pub fn snapshot(ebpf: &mut Ebpf) -> Result<Vec<TcpSock>> {
             ..IterConfig::default()
         },
     )?;
-    run_iterator(ebpf)
+    Ok(run_iterator(ebpf)?.0)
 }
 
 /// What a walk in aggregate mode found.
@@ -108,6 +130,8 @@ pub struct Walked {
     pub sockets: usize,
     /// Namespaces that could not be walked, and why.
     pub unwalked: Vec<Unwalked>,
+    /// Every listener's drops (`sk_drops`), in every namespace walked.
+    pub listen_drops: Vec<ListenDrops>,
 }
 
 /// Walks every TCP socket of stackprobe's network namespace and of each
@@ -123,11 +147,15 @@ pub fn walk(ebpf: &mut Ebpf, generation: u32, elsewhere: &[(u32, u32)]) -> Resul
             walked: 0,
         },
     )?;
-    let mut listeners = run_iterator(ebpf)?;
+    let (mut listeners, mut listen_drops) = run_iterator(ebpf)?;
     let mut unwalked = Vec::new();
     for &(netns, pid) in elsewhere {
         match iterator_file_in(ebpf, pid)? {
-            Ok(file) => listeners.extend(read_walk(file)?),
+            Ok(file) => {
+                let (there, drops) = read_walk(file)?;
+                listeners.extend(there);
+                listen_drops.extend(drops);
+            }
             Err(e) => unwalked.push(Unwalked {
                 netns,
                 pid,
@@ -169,5 +197,6 @@ pub fn walk(ebpf: &mut Ebpf, generation: u32, elsewhere: &[(u32, u32)]) -> Resul
         time_wait,
         sockets,
         unwalked,
+        listen_drops,
     })
 }

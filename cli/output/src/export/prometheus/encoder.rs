@@ -34,8 +34,11 @@ impl Collector for Published {
         let s = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
         latencies(&mut encoder, &s)?;
         connects(&mut encoder, &s)?;
+        listener_lost(&mut encoder, &s)?;
         counts(&mut encoder, &s)?;
         processes(&mut encoder, &s)?;
+        busy(&mut encoder, &s)?;
+        hop_own(&mut encoder, &s)?;
         links(&mut encoder, &s)?;
         drops(&mut encoder, &s)?;
         own_cost(&mut encoder, &s)
@@ -130,6 +133,22 @@ fn connects(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Er
     Ok(())
 }
 
+/// Connections lost at each listener's full queue.
+fn listener_lost(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "stackprobe_listener_lost",
+        "Connections lost at a listener's full queue since stackprobe started, per role and listener: a unix socket's connects refused with EAGAIN (from any process), a TCP listener's connections the kernel dropped at it (its sk_drops: a full accept or SYN queue; as of the last walk of the sockets)",
+        None,
+        MetricType::Counter,
+    )?;
+    for (role, listener, n) in &s.listener_lost {
+        let [role, container] = role_labels(role);
+        let labels = [role, container, ("listener", listener.as_str())];
+        ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 /// Each declared count per role, one family by metric, with their help.
 fn counts(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
     let help = COUNTS.iter().fold(
@@ -155,6 +174,60 @@ fn processes(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::E
     )?;
     for (role, n) in &s.processes {
         ConstGauge::new(*n as i64).encode(processes.encode_family(&role_labels(role))?)?;
+    }
+    Ok(())
+}
+
+/// The connections each role's server held over the last interval (mean
+/// and most at once), and its configured limit.
+fn busy(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let mut mean = encoder.encode_descriptor(
+        "stackprobe_busy_connections_mean",
+        "Connections the role's server held on average over the last interval: its busy workers, for servers whose workers serve one connection at a time",
+        None,
+        MetricType::Gauge,
+    )?;
+    for b in &s.busy {
+        ConstGauge::new(b.mean).encode(mean.encode_family(&role_labels(&b.role))?)?;
+    }
+    let mut max = encoder.encode_descriptor(
+        "stackprobe_busy_connections_max",
+        "The most connections the role's server held at once in the last interval",
+        None,
+        MetricType::Gauge,
+    )?;
+    for b in &s.busy {
+        ConstGauge::new(b.max as i64).encode(max.encode_family(&role_labels(&b.role))?)?;
+    }
+    let mut limit = encoder.encode_descriptor(
+        "stackprobe_busy_connections_limit",
+        "The most connections the role's server may hold, from its configuration (pm.max_children, max_connections, worker_connections × worker_processes)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for b in &s.busy {
+        if let Some((setting, value)) = b.limit {
+            let [role, container] = role_labels(&b.role);
+            let labels = [role, container, ("setting", setting)];
+            ConstGauge::new(i64::from(value)).encode(limit.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Each hop's own time on its chain, where a request opens one connection
+/// per hop.
+fn hop_own(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "stackprobe_hop_own_seconds",
+        "A hop's own time over the last interval on a chain of watched roles (chain: its first role): its mean service time less the next hop's mean connect, queue wait and service time; the last hop's mean service time. Only where each request opens one connection to the next hop (no keepalive or pooling)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (role, root, seconds) in &s.hop_own {
+        let [role, container] = role_labels(role);
+        let labels = [role, container, ("chain", containers::bare_role(root))];
+        ConstGauge::new(*seconds).encode(family.encode_family(&labels)?)?;
     }
     Ok(())
 }
@@ -357,6 +430,123 @@ mod tests {
         }
         // Connects are not also in the per-metric latency family.
         assert!(!text.contains(r#"metric="connect""#), "{text}");
+    }
+
+    #[test]
+    fn connections_lost_at_a_listener_are_a_counter_per_listener() {
+        use stackprobe_model::{
+            fixtures::interval_report,
+            frame::OwnCost,
+            report::{CountRow, ListenerLatencyRow},
+        };
+
+        use crate::export::prometheus::Snapshot;
+
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "php-fpm")]);
+        t.apply(&kernel_hist(1, "php-fpm", HistMetric::AcceptUntimed, &[0]));
+        let mut report = interval_report(&t);
+        let mut lost = ListenerLatencyRow::unaccepted("/run/php/www.sock".into());
+        lost.lost = Some(CountRow {
+            count: 3,
+            total: 12,
+        });
+        let unknown = ListenerLatencyRow::unaccepted("127.0.0.1:9000".into());
+        report.roles[0].listeners.extend([lost, unknown]);
+        let snapshot = Snapshot::take(&t, &report, OwnCost::default());
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(Published(Arc::new(Mutex::new(snapshot)))));
+        let text = String::from_utf8(body(&registry, false).1).unwrap();
+        let role = &report.roles[0].role;
+        for line in [
+            "# TYPE stackprobe_listener_lost counter".to_string(),
+            "# HELP stackprobe_listener_lost Connections lost at a listener's full queue since stackprobe started".to_string(),
+            format!(
+                r#"stackprobe_listener_lost_total{{role="{role}",container="",listener="/run/php/www.sock"}} 12"#
+            ),
+        ] {
+            assert!(text.contains(&line), "no {line} in:\n{text}");
+        }
+        // A listener whose count is not known has no series.
+        assert!(!text.contains(r#"listener="127.0.0.1:9000""#), "{text}");
+    }
+
+    #[test]
+    fn a_roles_busy_connections_are_gauges_with_its_limit() {
+        use stackprobe_model::{
+            busy::{BusyRow, LimitRow},
+            fixtures::interval_report,
+            frame::OwnCost,
+        };
+
+        use crate::export::prometheus::Snapshot;
+
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "php-fpm")]);
+        t.apply(&kernel_hist(1, "php-fpm", HistMetric::Accept, &[1_000]));
+        let mut report = interval_report(&t);
+        report.roles[0].busy = Some(BusyRow {
+            mean: 1.5,
+            max: 2,
+            now: 1,
+            processes: 2,
+            limit: Some(LimitRow {
+                setting: "pm.max_children",
+                value: 2,
+                source: "/etc/php/8.2/fpm/pool.d/www.conf".into(),
+            }),
+        });
+        let snapshot = Snapshot::take(&t, &report, OwnCost::default());
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(Published(Arc::new(Mutex::new(snapshot)))));
+        let text = String::from_utf8(body(&registry, false).1).unwrap();
+        let role = &report.roles[0].role;
+        for line in [
+            format!(r#"stackprobe_busy_connections_mean{{role="{role}",container=""}} 1.5"#),
+            format!(r#"stackprobe_busy_connections_max{{role="{role}",container=""}} 2"#),
+            format!(
+                r#"stackprobe_busy_connections_limit{{role="{role}",container="",setting="pm.max_children"}} 2"#
+            ),
+        ] {
+            assert!(text.contains(&line), "no {line} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn each_hop_with_an_own_time_is_a_gauge_on_its_chain() {
+        use stackprobe_model::fixtures::{self, PathHop, request_path, three_hop_path};
+
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(11, "nginx"), live(12, "php-fpm"), live(13, "postgres")]);
+        // php-fpm keeps persistent connections: neither it nor postgres
+        // has an own time.
+        let hops: [PathHop<'_>; 3] = three_hop_path(100, 5);
+        request_path(&mut t, &hops);
+        let text = String::from_utf8(body(&registry(&t), false).1).unwrap();
+        for line in [
+            "# TYPE stackprobe_hop_own_seconds gauge",
+            r#"stackprobe_hop_own_seconds{role="nginx",container="",chain="nginx"} 0.00796"#,
+        ] {
+            assert!(text.contains(line), "no {line} in:\n{text}");
+        }
+        assert!(
+            !text.contains(r#"stackprobe_hop_own_seconds{role="php-fpm""#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"stackprobe_hop_own_seconds{role="postgres""#),
+            "{text}"
+        );
+        // One connection per request: every hop.
+        let mut t = ProcessTable::default();
+        fixtures::three_hops(&mut t, 100);
+        let text = String::from_utf8(body(&registry(&t), false).1).unwrap();
+        assert!(
+            text.contains(
+                r#"stackprobe_hop_own_seconds{role="postgres",container="",chain="nginx"} 0.05"#
+            ),
+            "{text}"
+        );
     }
 
     #[test]

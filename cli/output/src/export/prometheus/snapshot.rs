@@ -65,6 +65,16 @@ pub(super) struct LinkNumbers {
     pub new_time_wait: u64,
 }
 
+/// A role's busy row: the last interval's mean and max held, and its
+/// limit (setting, value) where read.
+#[derive(Clone, Debug)]
+pub(super) struct BusySample {
+    pub role: String,
+    pub mean: f64,
+    pub max: u64,
+    pub limit: Option<(&'static str, u32)>,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub(super) histograms: Vec<HistogramSample>,
@@ -73,10 +83,17 @@ pub struct Snapshot {
     /// (role, destination, refused, failed) since the start.
     /// Per role and destination: refused, failed, lost.
     pub(super) connect_failures: Vec<(String, String, [u64; 3])>,
+    /// (role, listener, connections lost at its full queue since the
+    /// start), for each listener whose count is known.
+    pub(super) listener_lost: Vec<(String, String, u64)>,
     /// (role, count, total since the start), those above 0.
     pub(super) counts: Vec<(String, Count, u64)>,
     pub(super) processes: Vec<(String, u64)>,
+    pub(super) busy: Vec<BusySample>,
     pub(super) links: Vec<(LinkLabels, LinkNumbers)>,
+    /// (role, its chain's root role, own time in seconds) for each hop of
+    /// the report's chains with an own time.
+    pub(super) hop_own: Vec<(String, String, f64)>,
     pub(super) walk_age_s: f64,
     pub(super) drops: u64,
     pub(super) lost: Vec<(&'static str, u64)>,
@@ -106,7 +123,39 @@ impl Snapshot {
                 .iter()
                 .map(|r| (r.role.clone(), r.processes as u64))
                 .collect(),
+            listener_lost: report
+                .roles
+                .iter()
+                .flat_map(|r| {
+                    r.listeners
+                        .iter()
+                        .filter_map(|l| Some((r.role.clone(), l.listener.clone(), l.lost?.total)))
+                })
+                .collect(),
+            busy: report
+                .roles
+                .iter()
+                .filter_map(|r| {
+                    let b = r.busy.as_ref()?;
+                    let limit = b.limit.as_ref().map(|l| (l.setting, l.value));
+                    Some(BusySample {
+                        role: r.role.clone(),
+                        mean: b.mean,
+                        max: b.max,
+                        limit,
+                    })
+                })
+                .collect(),
             links: links(report),
+            hop_own: report
+                .chains
+                .iter()
+                .flat_map(|c| {
+                    c.hops.iter().filter_map(|h| {
+                        Some((h.role.clone(), c.root.clone(), h.own_ns? as f64 / 1e9))
+                    })
+                })
+                .collect(),
             walk_age_s: report.tcp.walk_age_ms as f64 / 1e3,
             drops: report.drops,
             lost: report

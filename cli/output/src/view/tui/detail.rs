@@ -1,5 +1,5 @@
-//! The detail of one role: its percentiles, its accept latency's bars, its
-//! history and its links.
+//! The detail of one role: its percentiles, the chain of roles it is on,
+//! its accept latency's bars, its history and its links.
 
 use ratatui::{
     Frame,
@@ -14,20 +14,28 @@ use stackprobe_model::{
     report::RoleRow,
 };
 
-use super::state::{Dashboard, RoleLine, Sample};
+use super::{
+    path,
+    state::{Dashboard, RoleLine, Sample},
+};
 use crate::view::{text::log2_bars, time_wait_age};
 
 pub(super) fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: &RoleLine<'_>) {
     let r = line.role;
     let rows = latency_rows(r);
-    let [table_area, bars_area, spark_area, links_area] = Layout::vertical([
+    let chain = path::chain_of(d, r);
+    let [table_area, path_area, bars_area, spark_area, links_area] = Layout::vertical([
         Constraint::Length(rows.len() as u16 + 2),
+        Constraint::Length(chain.map_or(0, path::height)),
         Constraint::Min(3),
         Constraint::Length(3),
         Constraint::Length(4),
     ])
     .areas(area);
     frame.render_widget(percentile_table(title(r), &rows), table_area);
+    if let Some(c) = chain {
+        path::render_path(frame, path_area, d, c);
+    }
     render_bars(frame, bars_area, r);
     render_history(frame, spark_area, d, r);
     render_links(frame, links_area, d, r);
@@ -48,7 +56,12 @@ fn latency_rows(r: &RoleRow) -> Vec<(String, &Summary)> {
         for l in &r.listeners {
             for (latency, m) in l.latency.iter() {
                 let label = if latency == Latency::Accept {
-                    format!("from {}", l.listener)
+                    match l.lost.filter(|c| c.total > 0) {
+                        Some(c) => {
+                            format!("from {} ({} lost at a full queue)", l.listener, c.count)
+                        }
+                        None => format!("from {}", l.listener),
+                    }
                 } else if m.total > 0 {
                     format!("  {}", latency.decl().short)
                 } else {
@@ -91,8 +104,16 @@ fn title(r: &RoleRow) -> String {
     } else {
         String::new()
     };
+    // How many connections its server held, against what it may.
+    let busy = r.busy.as_ref().map_or_else(String::new, |b| {
+        let of = b.limit.as_ref().map_or_else(
+            || format!("{} processes", b.processes),
+            |l| format!("{} {}", l.setting, l.value),
+        );
+        format!(" · busy {:.1} (max {} of {of})", b.mean, b.max)
+    });
     format!(
-        " {} · {} process{} · forks/accept {} · children alive {}{untimed} · pids {}{more} ",
+        " {} · {} process{} · forks/accept {} · children alive {}{untimed}{busy} · pids {}{more} ",
         r.role,
         r.processes,
         if r.processes == 1 { "" } else { "es" },
@@ -206,24 +227,38 @@ fn render_history(frame: &mut Frame, area: Rect, d: &Dashboard, r: &RoleRow) {
     );
 }
 
-/// The links the role owns, and how old their TIME_WAIT counts are.
+/// The role's listeners that lost connections at a full queue, then the
+/// links the role owns, and how old their TIME_WAIT counts are.
 fn render_links(frame: &mut Frame, area: Rect, d: &Dashboard, r: &RoleRow) {
-    let links: Vec<String> = d
-        .report
-        .iter()
-        .flat_map(|rep| &rep.tcp.links)
-        .filter(|l| l.owner.as_deref() == Some(&r.role))
-        .map(|l| {
-            format!(
-                "{}  TIME_WAIT {} (+{:.0}/s)  opens {}  closes {}  aborts {}",
-                l.link,
-                l.time_wait,
-                l.new_time_wait_per_s,
-                l.opens.count,
-                l.closes.count,
-                l.aborts.count
-            )
-        })
+    let lost = r.listeners.iter().filter_map(|l| {
+        let lost = l.lost.filter(|c| c.total > 0)?;
+        let backlog = match (l.backlog, l.max_backlog) {
+            (Some(n), Some(max)) => format!("  backlog {n}/{max}"),
+            _ => String::new(),
+        };
+        Some(format!(
+            "listener {}{backlog}  lost at a full queue {} ({} in all)",
+            l.listener, lost.count, lost.total
+        ))
+    });
+    let links: Vec<String> = lost
+        .chain(
+            d.report
+                .iter()
+                .flat_map(|rep| &rep.tcp.links)
+                .filter(|l| l.owner.as_deref() == Some(&r.role))
+                .map(|l| {
+                    format!(
+                        "{}  TIME_WAIT {} (+{:.0}/s)  opens {}  closes {}  aborts {}",
+                        l.link,
+                        l.time_wait,
+                        l.new_time_wait_per_s,
+                        l.opens.count,
+                        l.closes.count,
+                        l.aborts.count
+                    )
+                }),
+        )
         .collect();
     let links = if links.is_empty() {
         "no connections seen".to_string()

@@ -4,6 +4,7 @@
 //! - `state`: the dashboard's state and what each key does to it
 //! - `overview`: the roles' table and the status bar
 //! - `detail`: one role's percentiles, bars, history and links
+//! - `path`: in the detail, the chain of roles the selected one is on
 //! - `insights`: the warnings and insights under every screen
 //! - `help`: the keys, and the hooks in use
 //! - `terminal`: the terminal while the dashboard runs
@@ -12,6 +13,7 @@ mod detail;
 mod help;
 mod insights;
 mod overview;
+mod path;
 mod state;
 pub mod terminal;
 #[cfg(test)]

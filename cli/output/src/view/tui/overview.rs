@@ -18,7 +18,7 @@ use super::{
 
 /// A latency in at most 5 characters (`2.2µs`, `412µs`, `12ms`), or `-`
 /// when nothing was measured.
-fn ns(v: u64, count: u64) -> String {
+pub(super) fn ns(v: u64, count: u64) -> String {
     if count == 0 {
         return "-".into();
     }

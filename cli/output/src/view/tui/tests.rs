@@ -271,3 +271,67 @@ fn no_color_means_no_colours() {
         "the insight is yellow"
     );
 }
+
+#[test]
+fn the_detail_of_a_role_on_a_chain_shows_its_hops_side_by_side_with_the_holder() {
+    let mut t = ProcessTable::default();
+    fixtures::three_hops(&mut t, 100);
+    let mut d = Dashboard::new(true);
+    d.update(fixtures::interval_report(&t), status());
+    for c in "/php".chars() {
+        d.key(key(c));
+    }
+    d.key(KeyEvent::from(KeyCode::Enter));
+    d.key(KeyEvent::from(KeyCode::Enter));
+    let (text, buf) = screen(&d, 100, 40);
+    assert!(text.contains("path: means"), "{text}");
+    assert!(text.contains("● holds the most: postgres"), "{text}");
+    let row = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} in\n{text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        row("hop "),
+        [
+            "hop", "via", "connect", "queue", "service", "own", "busy", "lost"
+        ]
+    );
+    assert_eq!(row("  nginx"), ["nginx", "-", "30µs", "100ms", "8.0ms"]);
+    assert_eq!(
+        row("  php-fpm"),
+        [
+            "php-fpm",
+            "/run/php/php-fpm.sock",
+            "40µs",
+            "12ms",
+            "80ms",
+            "29ms"
+        ]
+    );
+    assert_eq!(
+        row("● postgres"),
+        [
+            "●",
+            "postgres",
+            "127.0.0.1:5432",
+            "15µs",
+            "1.0ms",
+            "50ms",
+            "50ms"
+        ]
+    );
+    // The holder's row stands out.
+    let y = text
+        .lines()
+        .position(|l| l.starts_with("● postgres"))
+        .unwrap() as u16;
+    assert_eq!(buf[(2, y)].fg, Color::Red);
+    // A role on no chain has no path section.
+    let mut alone = Dashboard::new(false);
+    alone.update(report(), status());
+    alone.key(KeyEvent::from(KeyCode::Enter));
+    assert!(!screen(&alone, 100, 40).0.contains("path:"));
+}
