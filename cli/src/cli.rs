@@ -283,9 +283,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The metrics a recording holds, for `--metric`: every declared latency
-/// and count.
+/// and count, and the gauges (busy rows, own times).
 fn metrics() -> clap::builder::PossibleValuesParser {
-    clap::builder::PossibleValuesParser::new(stackprobe_model::measure::names())
+    clap::builder::PossibleValuesParser::new(
+        stackprobe_model::measure::names().chain(stackprobe_output::export::hlog::GAUGES),
+    )
 }
 
 /// Longer runs and intervals are refused rather than overflowing a clock.

@@ -234,7 +234,7 @@ fn a_recording_reads_back_with_the_runs_exact_counts() {
     assert!(out.status.success(), "{out:?}");
     let rows = json_lines(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(rows.len(), 1, "{rows:?}");
-    assert_eq!(rows[0]["schema"], "stackprobe.report/2");
+    assert_eq!(rows[0]["schema"], "stackprobe.report/3");
     assert_eq!(rows[0]["role"], "stackprobe-loop");
     assert_eq!(rows[0]["count"], 20, "the recording holds every accept");
     // Percentiles from the recording are the run's, within HdrHistogram's

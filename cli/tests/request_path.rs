@@ -115,6 +115,24 @@ fn assert_service(s: &mut Session, pid: u32, what: &str) {
     assert_eq!((b.open, *max), (0, WORKERS), "{what}: {busy:?}");
 }
 
+/// Watches `server`, has its pool serve the clients, and checks the queue
+/// waits, accepts, service times and busy count the probes saw.
+fn check_pool(s: &mut Session, mut server: Server, kind: &str, watch_client: bool, name: &str) {
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
+    s.collector.refresh().unwrap();
+    s.collector.observe_sockets().unwrap();
+    let served = serve_pool(s, &mut server, kind, watch_client);
+    let what = format!("{name}, client watched: {watch_client}");
+    assert_queue_wait(
+        &latency(s, server.pid, Latency::AcceptQueue),
+        &served,
+        &what,
+    );
+    assert_eq!(s.accepts(server.pid), CLIENTS, "{what}");
+    assert_service(s, server.pid, &what);
+    server.stop();
+}
+
 fn unix_rungs() -> Vec<(Option<UnixQueueRung>, &'static str)> {
     vec![
         (None, "best rung"),
@@ -138,19 +156,8 @@ fn a_unix_pools_queue_wait_matches_the_servers_clock_on_every_rung() {
             continue;
         };
         for watch_client in [false, true] {
-            let mut server = Server::start(Some(&dir.0.join("pool.sock")));
-            s.collector.probes_mut().watch_pid(server.pid).unwrap();
-            s.collector.refresh().unwrap();
-            let served = serve_pool(&mut s, &mut server, "unix", watch_client);
-            let what = format!("{name}, client watched: {watch_client}");
-            assert_queue_wait(
-                &latency(&s, server.pid, Latency::AcceptQueue),
-                &served,
-                &what,
-            );
-            assert_eq!(s.accepts(server.pid), CLIENTS, "{what}");
-            assert_service(&mut s, server.pid, &what);
-            server.stop();
+            let server = Server::start(Some(&dir.0.join("pool.sock")));
+            check_pool(&mut s, server, "unix", watch_client, name);
         }
     }
 }
@@ -160,20 +167,7 @@ fn a_tcp_pools_queue_wait_matches_the_servers_clock() {
     let _lock = probe_lock();
     let mut s = Session::start();
     for watch_client in [false, true] {
-        let mut server = Server::start(None);
-        s.collector.probes_mut().watch_pid(server.pid).unwrap();
-        s.collector.refresh().unwrap();
-        s.collector.observe_sockets().unwrap();
-        let served = serve_pool(&mut s, &mut server, "tcp", watch_client);
-        let what = format!("tcp, client watched: {watch_client}");
-        assert_queue_wait(
-            &latency(&s, server.pid, Latency::AcceptQueue),
-            &served,
-            &what,
-        );
-        assert_eq!(s.accepts(server.pid), CLIENTS, "{what}");
-        assert_service(&mut s, server.pid, &what);
-        server.stop();
+        check_pool(&mut s, Server::start(None), "tcp", watch_client, "tcp");
     }
 }
 

@@ -12,7 +12,7 @@ use stackprobe_model::{
     process::ProcessTable,
     report::{Report, ReportKind},
 };
-use stackprobe_probes::{Probes, limits};
+use stackprobe_probes::{Probes, limits, procfs};
 
 pub struct Busy {
     tracker: BusyTracker,
@@ -58,6 +58,13 @@ impl Busy {
                 max,
             })
             .collect();
+        // A server that exited holding nothing is read for the last time:
+        // its numbers stay in the tracker, its key leaves the kernel's table.
+        for r in &reads {
+            if r.open == 0 && procfs::read(r.server).is_none() {
+                probes.forget_server(r.server)?;
+            }
+        }
         self.tracker.observe(at, reads);
         let mut servers: Vec<u32> = self.tracker.servers().collect();
         servers.sort_unstable();

@@ -29,6 +29,11 @@ struct Track {
     /// The previous read's held time (0 before the first).
     before: u64,
     last: u64,
+    /// The kernel's count at the last read, and what earlier counts of the
+    /// same pid held: a count forgotten (its server exited) and started
+    /// again (the pid reused) starts from 0.
+    raw: u64,
+    offset: u64,
     interval_max: u64,
     max: u64,
     open: u64,
@@ -129,7 +134,11 @@ impl BusyTracker {
         }
         for r in reads {
             let t = self.servers.entry(r.server).or_default();
-            t.last = r.held_ns.max(t.last);
+            if r.held_ns < t.raw {
+                t.offset += t.raw;
+            }
+            t.raw = r.held_ns;
+            t.last = t.offset + r.held_ns;
             t.interval_max = r.max.max(r.open);
             t.max = t.max.max(t.interval_max);
             t.open = r.open;
@@ -217,6 +226,16 @@ mod tests {
             })
         );
         assert_eq!(t.interval(8), None);
+    }
+
+    #[test]
+    fn a_count_started_again_under_the_same_pid_adds_to_what_it_held() {
+        let mut t = BusyTracker::new(0);
+        t.observe(S, [read(7, 0, 0.5, 1)]);
+        // Forgotten, then the pid serves again: the kernel counts from 0.
+        t.observe(2 * S, [read(7, 0, 0.25, 1)]);
+        assert_eq!(t.interval(7).unwrap().mean, 0.25);
+        assert_eq!(t.since_start(7).unwrap().mean, 0.375);
     }
 
     #[test]

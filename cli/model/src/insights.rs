@@ -500,30 +500,6 @@ mod tests {
         );
         assert!(insights(&quiet).is_empty());
     }
-}
-
-#[cfg(test)]
-mod pool_tests {
-    use super::*;
-    use crate::{
-        busy::{BusyRow, LimitRow},
-        event::{Event, HistDelta, HistMetric},
-        process::{LiveProcess, ProcessTable},
-    };
-
-    fn hist(tgid: u32, metric: HistMetric, n: u64, ns: u64) -> Event {
-        Event::Hist(HistDelta {
-            tgid,
-            comm: Some("php-fpm8.2".into()),
-            path: None,
-            metric,
-            count: n,
-            sum_ns: n * ns,
-            min_ns: ns,
-            max_ns: ns,
-            buckets: vec![(ns, n)],
-        })
-    }
 
     /// A php-fpm pool of two workers whose master allows `limit` children:
     /// 10 requests, each held 100 ms and having waited 150 ms in the queue,
@@ -548,9 +524,15 @@ mod pool_tests {
             proc(12, "php-fpm: pool www", Some((10, "php-fpm8.2".into()))),
         ]);
         for w in [11, 12] {
-            t.apply(&hist(w, HistMetric::Accept, 5, 1_000));
-            t.apply(&hist(w, HistMetric::AcceptQueue, 5, 150_000_000));
-            t.apply(&hist(w, HistMetric::Service, 5, 100_000_000));
+            t.apply(&hist(w, "php-fpm8.2", HistMetric::Accept, 5, 1_000));
+            t.apply(&hist(
+                w,
+                "php-fpm8.2",
+                HistMetric::AcceptQueue,
+                5,
+                150_000_000,
+            ));
+            t.apply(&hist(w, "php-fpm8.2", HistMetric::Service, 5, 100_000_000));
         }
         let mut report = crate::fixtures::interval_report(&t);
         let workers = report
@@ -558,12 +540,12 @@ mod pool_tests {
             .iter_mut()
             .find(|r| r.latency[Latency::Accept].latency.count > 0)
             .unwrap();
-        workers.busy = Some(BusyRow {
+        workers.busy = Some(crate::busy::BusyRow {
             mean: 1.9,
             max,
             now: 2,
             processes: 2,
-            limit: Some(LimitRow {
+            limit: Some(crate::busy::LimitRow {
                 setting: "pm.max_children",
                 value: limit,
                 source: "/etc/php/8.2/fpm/pool.d/www.conf".into(),

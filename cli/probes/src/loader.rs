@@ -215,6 +215,12 @@ impl Probes {
         unix_queue::forget_listeners(&mut self.ebpf, keep)
     }
 
+    /// Forgets the busy count of `server` (a process that exited holding
+    /// nothing), so the kernel's table keeps room for new ones.
+    pub fn forget_server(&mut self, server: u32) -> Result<()> {
+        services::forget_server(&mut self.ebpf, server)
+    }
+
     /// Each server's busy count and its most held since the last call.
     pub fn take_busy(&mut self) -> Result<Vec<(u32, probes_common::service::Busy, u64)>> {
         services::take_busy(&mut self.ebpf)

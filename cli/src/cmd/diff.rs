@@ -1,18 +1,22 @@
 //! `stackprobe diff BEFORE AFTER`: two recordings side by side, per role and
-//! metric: rate, p50, p99 and max before and after, and the change.
+//! metric: rate, p50, p99 and max before and after, and the change; for a
+//! gauge (busy connections, own time), its mean and max.
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use anyhow::Result;
 use serde::Serialize;
 
-use super::report::{Filter, Row, rows};
+use super::report::{Filter, Row, gauge_value, rows};
 use crate::cli::DiffArgs;
 use stackprobe_model::histogram::{Summary, duration};
 
 /// `diff --json`'s shape: /2 adds the counts' rows (`before_count`,
-/// `after_count`; percentiles null).
-pub const SCHEMA: &str = "stackprobe.diff/2";
+/// `after_count`; percentiles null). /3 adds the gauges' rows
+/// (`before_mean`, `after_mean`, `before_gauge_max`, `after_gauge_max`: the
+/// report's `gauge_mean` and `gauge_max`; rates, counts, percentiles and
+/// verdict null), and those four fields, null, to every other row.
+pub const SCHEMA: &str = "stackprobe.diff/3";
 
 #[derive(Debug, Serialize)]
 pub struct Change {
@@ -32,6 +36,13 @@ pub struct Change {
     pub after_p99_ns: Option<u64>,
     pub before_max_ns: Option<u64>,
     pub after_max_ns: Option<u64>,
+    /// A gauge's duration-weighted mean and largest interval value in each
+    /// recording (see `report`'s `gauge_mean`, `gauge_max`); null for a
+    /// latency or a count.
+    pub before_mean: Option<f64>,
+    pub after_mean: Option<f64>,
+    pub before_gauge_max: Option<f64>,
+    pub after_gauge_max: Option<f64>,
     /// `faster` or `slower` when the change is beyond noise (see
     /// `Summary::clearly_slower_than`), else null.
     pub verdict: Option<&'static str>,
@@ -55,12 +66,20 @@ pub fn run(args: DiffArgs) -> Result<()> {
     Ok(())
 }
 
-fn rate(r: &Row) -> f64 {
-    if r.seconds > 0.0 {
-        r.count() as f64 / r.seconds
+/// Per second; None for a gauge, which has no count.
+fn rate(r: &Row) -> Option<f64> {
+    if r.is_gauge() {
+        None
+    } else if r.seconds > 0.0 {
+        Some(r.count() as f64 / r.seconds)
     } else {
-        0.0
+        Some(0.0)
     }
+}
+
+/// Samples or a count's sum; None for a gauge.
+fn count(r: &Row) -> Option<u64> {
+    (!r.is_gauge()).then(|| r.count())
 }
 
 /// A row's latency summary (None for a count, or no row).
@@ -86,16 +105,20 @@ pub fn changes(before: &[Row], after: &[Row]) -> Vec<Change> {
             schema: SCHEMA,
             role,
             metric,
-            before_per_s: b.map(rate),
-            after_per_s: a.map(rate),
-            before_count: b.map(Row::count),
-            after_count: a.map(Row::count),
+            before_per_s: b.and_then(rate),
+            after_per_s: a.and_then(rate),
+            before_count: b.and_then(count),
+            after_count: a.and_then(count),
             before_p50_ns: latency(b).map(|s| s.p50_ns),
             after_p50_ns: latency(a).map(|s| s.p50_ns),
             before_p99_ns: latency(b).map(|s| s.p99_ns),
             after_p99_ns: latency(a).map(|s| s.p99_ns),
             before_max_ns: latency(b).map(|s| s.max_ns),
             after_max_ns: latency(a).map(|s| s.max_ns),
+            before_mean: b.and_then(|r| r.gauge_mean),
+            after_mean: a.and_then(|r| r.gauge_mean),
+            before_gauge_max: b.and_then(|r| r.gauge_max),
+            after_gauge_max: a.and_then(|r| r.gauge_max),
             verdict: latency(b).zip(latency(a)).and_then(|(b, a)| {
                 if a.clearly_slower_than(b) {
                     Some("slower")
@@ -126,9 +149,37 @@ fn pair(before: Option<u64>, after: Option<u64>) -> String {
     )
 }
 
+/// A gauge's values before → after, with the change.
+fn gauge_pair(metric: &str, before: Option<f64>, after: Option<f64>) -> String {
+    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| gauge_value(metric, v));
+    format!(
+        "{} → {}{}",
+        show(before),
+        show(after),
+        change(before, after)
+    )
+}
+
+impl Change {
+    pub fn is_gauge(&self) -> bool {
+        self.before_mean.is_some() || self.after_mean.is_some()
+    }
+}
+
 pub fn render(changes: &[Change]) -> String {
     let mut out = String::new();
     for c in changes {
+        if c.is_gauge() {
+            let _ = writeln!(
+                out,
+                "{} · {}  mean {}   max {}",
+                c.role,
+                c.metric,
+                gauge_pair(&c.metric, c.before_mean, c.after_mean),
+                gauge_pair(&c.metric, c.before_gauge_max, c.after_gauge_max)
+            );
+            continue;
+        }
         if c.before_p50_ns.is_none() && c.after_p50_ns.is_none() {
             // A count: no percentiles to set side by side.
             let n = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
@@ -218,6 +269,7 @@ mod tests {
                 duration: Duration::from_secs(1),
                 histograms,
                 counts,
+                gauges: vec![],
             });
         }
         rec.finish().unwrap()
@@ -291,6 +343,7 @@ mod tests {
                 duration: Duration::from_secs(1),
                 histograms: vec![("php-fpm".to_string(), "connect", h)],
                 counts: vec![],
+                gauges: vec![],
             });
         }
         rec.finish().unwrap()
@@ -318,5 +371,111 @@ mod tests {
             "{text}"
         );
         assert!(!render(&within).contains("insight:"));
+    }
+
+    /// A pool's busy workers and own time: `busy` and `own_ms` in each of
+    /// 4 one-second intervals; and 10 accepts in each.
+    fn pool(dir: &std::path::Path, name: &str, busy: f64, own_ms: f64) -> std::path::PathBuf {
+        let path = dir.join(name);
+        let rec = Recorder::create(&path, true).unwrap();
+        for i in 0..4u64 {
+            let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+            h.record_n(2_000, 10).unwrap();
+            rec.record(Interval {
+                start: Duration::from_secs(i),
+                duration: Duration::from_secs(1),
+                histograms: vec![("php-fpm".to_string(), "accept", h)],
+                counts: vec![],
+                gauges: vec![
+                    ("php-fpm".to_string(), "busy_mean", busy),
+                    // The last interval is the busiest.
+                    (
+                        "php-fpm".to_string(),
+                        "busy_max",
+                        if i == 3 { 2.0 * busy } else { busy },
+                    ),
+                    ("php-fpm".to_string(), "own", own_ms * 1e6),
+                ],
+            });
+        }
+        rec.finish().unwrap()
+    }
+
+    #[test]
+    fn gauges_compare_their_means_and_maxes_without_a_verdict() {
+        let dir = std::env::temp_dir().join(format!("sp-diff-gauges-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let before = pool(&dir, "before.hlog", 4.0, 20.0);
+        let after = pool(&dir, "after.hlog", 1.0, 5.0);
+        let f = Filter::default();
+        let before = rows(&before, &f).unwrap();
+        let c = changes(&before, &rows(&after, &f).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            c.iter().map(|c| c.metric.as_str()).collect::<Vec<_>>(),
+            ["accept", "busy_max", "busy_mean", "own"]
+        );
+        let busy = &c[2];
+        assert_eq!(
+            (
+                busy.before_mean,
+                busy.after_mean,
+                busy.before_gauge_max,
+                busy.after_gauge_max
+            ),
+            (Some(4.0), Some(1.0), Some(4.0), Some(1.0))
+        );
+        assert_eq!(
+            (
+                busy.before_per_s,
+                busy.before_count,
+                busy.before_p50_ns,
+                busy.verdict
+            ),
+            (None, None, None, None)
+        );
+        assert_eq!(
+            (
+                c[1].before_mean,
+                c[1].before_gauge_max,
+                c[1].after_gauge_max
+            ),
+            (Some(5.0), Some(8.0), Some(2.0))
+        );
+        // A latency has no gauge fields.
+        assert_eq!((c[0].before_mean, c[0].after_gauge_max), (None, None));
+        assert_eq!(c[0].before_count, Some(40));
+        let json = serde_json::to_value(busy).unwrap();
+        assert_eq!(json["schema"], "stackprobe.diff/3");
+        assert_eq!(
+            (
+                &json["before_mean"],
+                &json["after_gauge_max"],
+                &json["verdict"]
+            ),
+            (
+                &serde_json::json!(4.0),
+                &serde_json::json!(1.0),
+                &serde_json::Value::Null
+            )
+        );
+        let text = render(&c);
+        for line in [
+            "php-fpm · busy_mean  mean 4.0 → 1.0 (-75.0%)   max 4.0 → 1.0 (-75.0%)\n",
+            "php-fpm · busy_max  mean 5.0 → 1.2 (-75.0%)   max 8.0 → 2.0 (-75.0%)\n",
+            "php-fpm · own  mean 20.00ms → 5.00ms (-75.0%)   max 20.00ms → 5.00ms (-75.0%)\n",
+            "php-fpm · accept  10.0/s → 10.0/s (+0.0%)\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in:\n{text}");
+        }
+        assert!(!text.contains("insight:"), "{text}");
+        // A gauge in one recording only.
+        let gone = changes(&before, &[]);
+        assert_eq!((gone[2].before_mean, gone[2].after_mean), (Some(4.0), None));
+        assert!(
+            render(&gone).contains("php-fpm · busy_mean  mean 4.0 → -   max 4.0 → -\n"),
+            "{}",
+            render(&gone)
+        );
     }
 }

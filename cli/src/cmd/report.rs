@@ -14,10 +14,12 @@ use stackprobe_output::{
 };
 
 /// `report --format json`'s shape: bumped when a field changes meaning or
-/// goes away. /2: rows of counts (a `count`, no percentiles) appear.
-pub const SCHEMA: &str = "stackprobe.report/2";
+/// goes away. /2: rows of counts (a `count`, no percentiles) appear. /3:
+/// rows of gauges (`busy_mean`, `busy_max`, `busy_limit`, `own`: a
+/// `gauge_mean` and a `gauge_max`, no `count`, no percentiles) appear.
+pub const SCHEMA: &str = "stackprobe.report/3";
 
-/// One role's latency or count, merged over the intervals kept.
+/// One role's latency, count or gauge, merged over the intervals kept.
 #[derive(Debug, Serialize)]
 pub struct Row {
     pub schema: &'static str,
@@ -31,15 +33,36 @@ pub struct Row {
     pub latency: Option<Summary>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub log2_buckets: Vec<Log2Bucket>,
-    /// A count's sum; None for a latency.
+    /// A count's sum; None for a latency or a gauge.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// A gauge's interval values, weighted by the intervals' durations;
+    /// None for a latency or a count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gauge_mean: Option<f64>,
+    /// A gauge's largest interval value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gauge_max: Option<f64>,
 }
 
 impl Row {
-    /// Samples of a latency, or a count's sum.
+    /// Samples of a latency, or a count's sum (0 for a gauge).
     pub fn count(&self) -> u64 {
         self.latency.map_or(0, |s| s.count) + self.count.unwrap_or(0)
+    }
+
+    pub fn is_gauge(&self) -> bool {
+        self.gauge_mean.is_some()
+    }
+}
+
+/// A gauge's value as text: `own` is a time in ns, the busy gauges are
+/// connections.
+pub fn gauge_value(metric: &str, v: f64) -> String {
+    if metric == "own" {
+        stackprobe_model::histogram::duration(v.round() as u64)
+    } else {
+        format!("{v:.1}")
     }
 }
 
@@ -123,15 +146,48 @@ impl Filter {
 /// What one (role, metric) of a recording adds up to.
 #[derive(Default)]
 struct Merged {
-    /// None for a count.
+    /// None for a count or a gauge.
     hist: Option<LatencyHistogram>,
     count: u64,
+    /// None for a latency or a count.
+    gauge: Option<Gauge>,
     intervals: usize,
     seconds: f64,
 }
 
-/// The recording's histograms and counts merged per (role, metric),
-/// filtered.
+/// A gauge's interval values so far.
+#[derive(Default)]
+struct Gauge {
+    /// Each value times its interval's seconds, summed.
+    weighted: f64,
+    seconds: f64,
+    /// The values summed, for intervals of no length.
+    sum: f64,
+    n: usize,
+    max: f64,
+}
+
+impl Gauge {
+    fn add(&mut self, value: f64, seconds: f64) {
+        self.weighted += value * seconds;
+        self.seconds += seconds;
+        self.sum += value;
+        self.n += 1;
+        self.max = self.max.max(value);
+    }
+
+    fn mean(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.weighted / self.seconds
+        } else {
+            self.sum / self.n.max(1) as f64
+        }
+    }
+}
+
+/// The recording's histograms, counts and gauges merged per (role,
+/// metric), filtered. With `by_process`, a gauge's values from the merged
+/// roles are taken as so many intervals.
 pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
     let mut merged: BTreeMap<(String, String), Merged> = BTreeMap::new();
     hlog::for_each(file, |r| {
@@ -150,6 +206,10 @@ pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
                 .get_or_insert_with(LatencyHistogram::new)
                 .add(&LatencyHistogram::from_hdr(h)),
             hlog::Value::Count(n) => m.count += n,
+            hlog::Value::Gauge(v) => m
+                .gauge
+                .get_or_insert_with(Gauge::default)
+                .add(v, r.duration.as_secs_f64()),
         }
         m.intervals += 1;
         m.seconds += r.duration.as_secs_f64();
@@ -172,7 +232,9 @@ pub fn rows(file: &std::path::Path, filter: &Filter) -> Result<Vec<Row>> {
                 .as_ref()
                 .map(LatencyHistogram::log2_buckets)
                 .unwrap_or_default(),
-            count: m.hist.is_none().then_some(m.count),
+            count: (m.hist.is_none() && m.gauge.is_none()).then_some(m.count),
+            gauge_mean: m.gauge.as_ref().map(Gauge::mean),
+            gauge_max: m.gauge.as_ref().map(|g| g.max),
         })
         .collect())
 }
@@ -188,30 +250,49 @@ pub fn render(rows: &[Row], format: ReportFormat) -> String {
         }
         ReportFormat::Csv => {
             out.push_str(
-                "role,metric,intervals,count,min_ns,mean_ns,p50_ns,p90_ns,p99_ns,p999_ns,max_ns\n",
+                "role,metric,intervals,count,min_ns,mean_ns,p50_ns,p90_ns,p99_ns,p999_ns,max_ns,gauge_mean,gauge_max\n",
             );
             for r in rows {
                 let _ = write!(
                     out,
-                    "\"{}\",{},{},{}",
+                    "\"{}\",{},{},",
                     r.role.replace('"', "\"\""),
                     r.metric,
                     r.intervals,
-                    r.count(),
                 );
-                // A count has no latency columns.
+                // A gauge has no count.
+                if !r.is_gauge() {
+                    let _ = write!(out, "{}", r.count());
+                }
+                // A count or a gauge has no latency columns.
                 let _ = match &r.latency {
-                    Some(s) => writeln!(
+                    Some(s) => write!(
                         out,
                         ",{},{},{},{},{},{},{}",
                         s.min_ns, s.mean_ns, s.p50_ns, s.p90_ns, s.p99_ns, s.p999_ns, s.max_ns
                     ),
-                    None => writeln!(out, ",,,,,,,"),
+                    None => write!(out, ",,,,,,,"),
                 };
+                // Only a gauge has the gauge columns.
+                let v = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
+                let _ = writeln!(out, ",{},{}", v(r.gauge_mean), v(r.gauge_max));
             }
         }
         ReportFormat::Text => {
             for r in rows {
+                if let (Some(mean), Some(max)) = (r.gauge_mean, r.gauge_max) {
+                    let _ = writeln!(
+                        out,
+                        "{} · {}  mean {}  max {} over {} intervals ({:.0}s)",
+                        r.role,
+                        r.metric,
+                        gauge_value(&r.metric, mean),
+                        gauge_value(&r.metric, max),
+                        r.intervals,
+                        r.seconds
+                    );
+                    continue;
+                }
                 let _ = writeln!(
                     out,
                     "{} · {}  count {} over {} intervals ({:.0}s)",
@@ -275,6 +356,7 @@ mod tests {
                 } else {
                     vec![]
                 },
+                gauges: vec![],
             });
         }
         rec.finish().unwrap();
@@ -338,6 +420,138 @@ mod tests {
         let csv = render(&all, ReportFormat::Csv);
         assert!(csv.starts_with("role,metric,intervals,count,"), "{csv}");
         assert!(csv.contains("\"x master\",accept,4,40,"), "{csv}");
+        // Latencies and counts leave the gauge columns empty.
+        assert!(
+            csv.contains("\n\"x master\",accept_untimed,2,3,,,,,,,,,\n"),
+            "{csv}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn gauges_merge_weighted_by_their_intervals_durations() {
+        let dir = std::env::temp_dir().join(format!("sp-report-gauges-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.hlog");
+        let rec = Recorder::create(&path, true).unwrap();
+        let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        h.record_n(1_000, 10).unwrap();
+        // 1 s at 1.0, then 3 s at 2.0.
+        for (start, secs, busy, own) in [(0, 1, 1.0, 2_000_000.0), (1, 3, 2.0, 4_000_000.0)] {
+            rec.record(Interval {
+                start: Duration::from_secs(start),
+                duration: Duration::from_secs(secs),
+                histograms: vec![("php-fpm pool www".into(), "accept", h.clone())],
+                counts: vec![],
+                gauges: vec![
+                    ("php-fpm pool www".into(), "busy_mean", busy),
+                    ("php-fpm pool www".into(), "busy_max", 2.0 * busy),
+                    ("php-fpm pool www".into(), "own", own),
+                ],
+            });
+        }
+        rec.finish().unwrap();
+        let all = rows(&path, &Filter::default()).unwrap();
+        let only = |metric: &str| {
+            rows(
+                &path,
+                &Filter {
+                    metric: Some(metric.into()),
+                    ..Filter::default()
+                },
+            )
+            .unwrap()
+        };
+        let busy = only("busy_mean");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            all.iter().map(|r| r.metric.as_str()).collect::<Vec<_>>(),
+            ["accept", "busy_max", "busy_mean", "own"]
+        );
+        assert_eq!(busy.len(), 1);
+        let b = &busy[0];
+        assert_eq!(
+            (b.intervals, b.seconds, b.gauge_mean, b.gauge_max),
+            (2, 4.0, Some(1.75), Some(2.0))
+        );
+        assert_eq!((b.count, b.latency, b.count()), (None, None, 0));
+        assert_eq!(
+            (all[1].gauge_mean, all[1].gauge_max),
+            (Some(3.5), Some(4.0))
+        );
+        assert_eq!(
+            (all[3].gauge_mean, all[3].gauge_max),
+            (Some(3_500_000.0), Some(4_000_000.0))
+        );
+        assert_eq!((all[0].gauge_mean, all[0].gauge_max), (None, None));
+
+        let text = render(&all, ReportFormat::Text);
+        for line in [
+            "php-fpm pool www · busy_mean  mean 1.8  max 2.0 over 2 intervals (4s)\n",
+            "php-fpm pool www · busy_max  mean 3.5  max 4.0 over 2 intervals (4s)\n",
+            "php-fpm pool www · own  mean 3.50ms  max 4.00ms over 2 intervals (4s)\n",
+            "php-fpm pool www · accept  count 20 over 2 intervals (4s)\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in:\n{text}");
+        }
+
+        let csv = render(&all, ReportFormat::Csv);
+        assert!(
+            csv.starts_with(
+                "role,metric,intervals,count,min_ns,mean_ns,p50_ns,p90_ns,p99_ns,p999_ns,max_ns,gauge_mean,gauge_max\n"
+            ),
+            "{csv}"
+        );
+        assert!(
+            csv.contains("\n\"php-fpm pool www\",busy_mean,2,,,,,,,,,1.75,2\n"),
+            "{csv}"
+        );
+        assert!(
+            csv.contains("\n\"php-fpm pool www\",own,2,,,,,,,,,3500000,4000000\n"),
+            "{csv}"
+        );
+        let columns = |line: &str| line.split(',').count();
+        let header = columns(csv.lines().next().unwrap());
+        for line in csv.lines() {
+            // No role here holds a comma.
+            assert_eq!(columns(line), header, "{line}");
+        }
+
+        let json: Vec<serde_json::Value> = render(&all, ReportFormat::Json)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let b = &json[2];
+        assert_eq!(b["schema"], "stackprobe.report/3");
+        assert_eq!(
+            (&b["metric"], &b["gauge_mean"], &b["gauge_max"]),
+            (
+                &serde_json::json!("busy_mean"),
+                &serde_json::json!(1.75),
+                &serde_json::json!(2.0)
+            )
+        );
+        assert_eq!(
+            (&b["intervals"], &b["seconds"]),
+            (&serde_json::json!(2), &serde_json::json!(4.0))
+        );
+        for absent in ["count", "p50_ns", "log2_buckets"] {
+            assert!(b.get(absent).is_none(), "{absent} in {b}");
+        }
+        // A latency has no gauge fields.
+        assert!(json[0].get("gauge_mean").is_none(), "{}", json[0]);
+        assert_eq!(json[0]["count"], 20);
+
+        // --metric takes the gauges' names.
+        for metric in hlog::GAUGES {
+            let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([
+                "stackprobe",
+                "report",
+                "r.hlog",
+                "--metric",
+                metric,
+            ]);
+            assert!(cli.is_ok(), "{metric}: {cli:?}");
+        }
     }
 }

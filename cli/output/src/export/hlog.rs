@@ -5,6 +5,9 @@
 //! commas, so those are percent-encoded). Each declared count an interval
 //! gained is a comment line, which other HdrHistogram readers skip:
 //! `#stackprobe-count start=1.000 duration=1.000 metric=accept_untimed count=2 role=ROLE`.
+//! Each gauge an interval's report held is one too, after the counts:
+//! `#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=1.5 role=ROLE`
+//! (see [`GAUGES`]).
 
 use std::{
     fs::File,
@@ -27,10 +30,21 @@ use hdrhistogram::{
 use stackprobe_model::{
     measure::Count,
     process::{ProcessTable, Span},
+    report::{Report, ReportKind},
 };
 
 /// What starts a count's line.
 const COUNT_LINE: &str = "#stackprobe-count ";
+
+/// What starts a gauge's line.
+const GAUGE_LINE: &str = "#stackprobe-gauge ";
+
+/// The gauges a recording holds, per role and interval: the connections the
+/// role's server held on average (`busy_mean`) and at most at once
+/// (`busy_max`), its configured limit (`busy_limit`, where known), and on a
+/// chain of the path view the hop's own mean time per request in ns
+/// (`own`).
+pub const GAUGES: [&str; 4] = ["busy_mean", "busy_max", "busy_limit", "own"];
 
 fn encode(s: &str) -> String {
     s.replace('%', "%25")
@@ -62,6 +76,8 @@ pub struct Interval {
     pub histograms: Vec<(String, &'static str, Histogram<u64>)>,
     /// (role, count, what it gained in the interval), those above 0.
     pub counts: Vec<(String, Count, u64)>,
+    /// (role, gauge (one of [`GAUGES`]), its value over the interval).
+    pub gauges: Vec<(String, &'static str, f64)>,
 }
 
 impl Interval {
@@ -86,8 +102,49 @@ impl Interval {
             duration,
             histograms,
             counts,
+            gauges: Vec::new(),
         }
     }
+
+    /// With the gauges of the interval's `report`: each busy row's mean, max
+    /// and limit (when known), and each chain hop's own time (a role on two
+    /// chains once, from the first). A summary's (the run's end: its
+    /// numbers cover the whole run, not the last partial interval) adds
+    /// none.
+    pub fn with_report(mut self, report: &Report) -> Self {
+        self.gauges = gauges(report);
+        self
+    }
+}
+
+/// (role, gauge, value) of a report; see [`Interval::with_report`].
+pub fn gauges(report: &Report) -> Vec<(String, &'static str, f64)> {
+    let mut out = Vec::new();
+    if report.kind != ReportKind::Interval {
+        return out;
+    }
+    for r in &report.roles {
+        let Some(busy) = &r.busy else {
+            continue;
+        };
+        out.push((r.role.clone(), GAUGES[0], busy.mean));
+        out.push((r.role.clone(), GAUGES[1], busy.max as f64));
+        if let Some(limit) = &busy.limit {
+            out.push((r.role.clone(), GAUGES[2], f64::from(limit.value)));
+        }
+    }
+    let mut owned: Vec<&str> = Vec::new();
+    for hop in report.chains.iter().flat_map(|c| &c.hops) {
+        if let Some(ns) = hop.own_ns
+            && !owned.contains(&hop.role.as_str())
+        {
+            owned.push(&hop.role);
+            out.push((hop.role.clone(), GAUGES[3], ns as f64));
+        }
+    }
+    // Values a line cannot hold (never from a report) are left out.
+    out.retain(|(_, _, v)| v.is_finite() && *v >= 0.0);
+    out
 }
 
 /// Writes intervals in a thread of its own, so a slow disk never slows
@@ -187,6 +244,15 @@ fn write_all(mut file: File, rx: mpsc::Receiver<Interval>) -> Result<()> {
                 encode(role)
             ))?;
         }
+        for (role, gauge, value) in &interval.gauges {
+            log.write_comment(&format!(
+                "{}start={:.3} duration={:.3} metric={gauge} value={value} role={}",
+                &GAUGE_LINE[1..],
+                interval.start.as_secs_f64(),
+                interval.duration.as_secs_f64(),
+                encode(role)
+            ))?;
+        }
         drop(log);
         append(&mut file, &mut buf, &mut written)?;
     }
@@ -206,7 +272,7 @@ fn append(file: &mut File, buf: &mut Vec<u8>, written: &mut u64) -> Result<()> {
     Ok(())
 }
 
-/// One histogram, or one count, read back from a recording.
+/// One histogram, count or gauge, read back from a recording.
 #[derive(Debug)]
 pub struct Recorded {
     pub start: Duration,
@@ -216,10 +282,13 @@ pub struct Recorded {
     pub value: Value,
 }
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub enum Value {
     Histogram(Histogram<u64>),
     Count(u64),
+    /// One interval's value of a gauge (one of [`GAUGES`], or one a later
+    /// version writes): finite and not negative.
+    Gauge(f64),
 }
 
 /// Reads a recording; a corrupt or truncated one is an error naming the file
@@ -233,8 +302,8 @@ pub fn read(path: &Path) -> Result<Vec<Recorded>> {
     Ok(out)
 }
 
-/// Hands each histogram of a recording to `f` in order, then each count,
-/// holding one at a time (an hour at 1 s for a few roles is tens of
+/// Hands each histogram of a recording to `f` in order, then each count and
+/// gauge in the order of their lines, holding one at a time (an hour at 1 s for a few roles is tens of
 /// thousands of them).
 pub fn for_each(path: &Path, f: impl FnMut(Recorded) -> Result<()>) -> Result<()> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -315,15 +384,21 @@ fn parse_each(data: &[u8], mut f: impl FnMut(Recorded) -> Result<()>) -> Result<
         })?;
     }
     for (i, line) in data.split(|&b| b == b'\n').enumerate() {
-        let Some(rest) = line.strip_prefix(COUNT_LINE.as_bytes()) else {
+        let recorded = if let Some(rest) = line.strip_prefix(COUNT_LINE.as_bytes()) {
+            std::str::from_utf8(rest)
+                .ok()
+                .and_then(parse_count)
+                .ok_or_else(|| anyhow!("line {}: not a stackprobe count", i + 1))?
+        } else if let Some(rest) = line.strip_prefix(GAUGE_LINE.as_bytes()) {
+            std::str::from_utf8(rest)
+                .ok()
+                .and_then(parse_gauge)
+                .ok_or_else(|| anyhow!("line {}: not a stackprobe gauge", i + 1))?
+        } else {
             continue;
         };
-        let count = std::str::from_utf8(rest)
-            .ok()
-            .and_then(parse_count)
-            .ok_or_else(|| anyhow!("line {}: not a stackprobe count", i + 1))?;
         seen += 1;
-        f(count)?;
+        f(recorded)?;
     }
     if seen == 0 {
         bail!("no histograms in this recording (empty or not a stackprobe recording)");
@@ -353,6 +428,43 @@ fn parse_count(line: &str) -> Option<Recorded> {
         role: decode(role),
         metric,
         value: Value::Count(count),
+    })
+}
+
+/// `start=1.000 duration=1.000 metric=busy_mean value=1.5 role=ROLE`, each
+/// field once, in that order, the value finite and not negative; the role
+/// is last, and percent-encoded.
+fn parse_gauge(line: &str) -> Option<Recorded> {
+    let (fields, role) = line.split_once(" role=")?;
+    let fields: Vec<&str> = fields.split(' ').collect();
+    let [start, duration, metric, value] = fields.as_slice() else {
+        return None;
+    };
+    fn get<'a>(field: &'a str, name: &str) -> Option<&'a str> {
+        field.strip_prefix(name)?.strip_prefix('=')
+    }
+    let secs = |s: &str| {
+        s.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0 && *v < 1e12)
+            .map(Duration::from_secs_f64)
+    };
+    let start = secs(get(start, "start")?)?;
+    let duration = secs(get(duration, "duration")?)?;
+    let metric = get(metric, "metric")?.to_string();
+    let value = get(value, "value")?
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)?;
+    if metric.is_empty() || role.is_empty() {
+        return None;
+    }
+    Some(Recorded {
+        start,
+        duration,
+        role: decode(role),
+        metric,
+        value: Value::Gauge(value),
     })
 }
 
@@ -421,12 +533,14 @@ mod tests {
                     ("nginx worker".into(), "fork", b.clone()),
                 ],
                 counts: vec![("postgres postmaster".into(), Count::AcceptUntimed, 2)],
+                gauges: vec![],
             },
             Interval {
                 start: Duration::from_secs(2),
                 duration: Duration::from_secs(1),
                 histograms: vec![("postgres postmaster".into(), "accept", a.clone())],
                 counts: vec![("php-fpm pool a;b=c".into(), Count::ForkFailed, 7)],
+                gauges: vec![],
             },
         ]);
         let back = parse(&data).unwrap();
@@ -435,7 +549,7 @@ mod tests {
             .iter()
             .filter_map(|r| match r.value {
                 Value::Count(n) => Some((r.start, r.role.as_str(), r.metric.as_str(), n)),
-                Value::Histogram(_) => None,
+                Value::Histogram(_) | Value::Gauge(_) => None,
             })
             .collect();
         assert_eq!(
@@ -469,7 +583,7 @@ mod tests {
         assert_eq!(back[2].start, Duration::from_secs(2));
         let hist = |r: &Recorded| match &r.value {
             Value::Histogram(h) => h.clone(),
-            Value::Count(n) => panic!("a count {n} where a histogram was written"),
+            other => panic!("{other:?} where a histogram was written"),
         };
         for (got, want) in [(&hist(&back[0]), &a), (&hist(&back[1]), &b)] {
             assert_eq!(got.len(), want.len());
@@ -480,6 +594,242 @@ mod tests {
         }
     }
 
+    /// A recording as stackprobe wrote them before gauges were kept: one
+    /// interval with a histogram and a count.
+    const OLD: &str = "#stackprobe recording: tags are role=ROLE;metric=METRIC (percent-encoded), values in ns
+#[StartTime: 1796528719.807 (seconds since epoch)]
+Tag=role=postgres%20postmaster;metric=accept,1.000,1.000,3001.000,HISTFAAAADx4nAExAM7/HISTEwAAAAkAAAAAAAAAAwAAAAAAAAABAAAADfhHWAA/8AAAAAAAAM8PAs0PApUIAoImBoQ=
+#stackprobe-count start=1.000 duration=1.000 metric=accept_untimed count=2 role=postgres%20postmaster
+";
+
+    #[test]
+    fn an_old_recording_without_gauges_reads_as_before() {
+        let back = parse(OLD.as_bytes()).unwrap();
+        assert_eq!(back.len(), 2, "{back:?}");
+        let second = Duration::from_secs(1);
+        let Value::Histogram(h) = &back[0].value else {
+            panic!("{:?} where a histogram was written", back[0].value);
+        };
+        assert_eq!(
+            (
+                back[0].start,
+                back[0].duration,
+                back[0].role.as_str(),
+                back[0].metric.as_str()
+            ),
+            (second, second, "postgres postmaster", "accept")
+        );
+        assert_eq!((h.len(), h.min(), h.max()), (3, 1_000, 3_001));
+        assert!(matches!(back[1].value, Value::Count(2)), "{back:?}");
+        assert_eq!(
+            (
+                back[1].start,
+                back[1].duration,
+                back[1].role.as_str(),
+                back[1].metric.as_str()
+            ),
+            (second, second, "postgres postmaster", "accept_untimed")
+        );
+        // The writer still writes it so, when a report has no gauges.
+        let data = write(vec![Interval {
+            start: second,
+            duration: second,
+            histograms: vec![(
+                "postgres postmaster".into(),
+                "accept",
+                hist(&[1_000, 2_000, 3_000]),
+            )],
+            counts: vec![("postgres postmaster".into(), Count::AcceptUntimed, 2)],
+            gauges: vec![],
+        }]);
+        let body = |text: &str| {
+            text.lines()
+                .filter(|l| !l.starts_with("#[StartTime"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(body(&String::from_utf8(data).unwrap()), body(OLD));
+    }
+
+    #[test]
+    fn busy_rows_and_own_times_round_trip_as_gauges() {
+        use stackprobe_model::{
+            busy::{BusyRow, LimitRow},
+            fixtures::{interval_report, three_hops},
+        };
+
+        let mut t = ProcessTable::default();
+        three_hops(&mut t, 100);
+        let mut report = interval_report(&t);
+        let role = |name: &str| {
+            report
+                .roles
+                .iter()
+                .position(|r| r.role.starts_with(name))
+                .unwrap()
+        };
+        let (fpm, pg) = (role("php-fpm"), role("postgres"));
+        report.roles[fpm].busy = Some(BusyRow {
+            mean: 1.75,
+            max: 2,
+            now: 1,
+            processes: 2,
+            limit: Some(LimitRow {
+                setting: "pm.max_children",
+                value: 5,
+                source: "/etc/php/8.2/fpm/pool.d/www.conf".into(),
+            }),
+        });
+        // No limit known: no busy_limit.
+        report.roles[pg].busy = Some(BusyRow {
+            mean: 0.1,
+            max: 1,
+            now: 0,
+            processes: 3,
+            limit: None,
+        });
+        let (fpm, pg) = (
+            report.roles[fpm].role.clone(),
+            report.roles[pg].role.clone(),
+        );
+        let nginx = report.chains[0].hops[0].role.clone();
+        let second = Duration::from_secs(1);
+        let interval = Interval::of(&t, Duration::from_secs(3), second).with_report(&report);
+        let want: Vec<(String, &str, f64)> = vec![
+            (fpm.clone(), "busy_mean", 1.75),
+            (fpm.clone(), "busy_max", 2.0),
+            (fpm.clone(), "busy_limit", 5.0),
+            (pg.clone(), "busy_mean", 0.1),
+            (pg.clone(), "busy_max", 1.0),
+            (nginx, "own", 7_960_000.0),
+            (fpm.clone(), "own", 28_985_000.0),
+            (pg.clone(), "own", 50_000_000.0),
+        ];
+        fn sorted(mut v: Vec<(String, &str, f64)>) -> Vec<(String, &str, f64)> {
+            v.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+            v
+        }
+        let want = sorted(want);
+        assert_eq!(sorted(interval.gauges.clone()), want);
+        // The summary's numbers are the whole run's: not the last interval's.
+        let mut summary = report.clone();
+        summary.kind = ReportKind::Summary;
+        assert!(gauges(&summary).is_empty());
+        let histograms = interval.histograms.len();
+        // A role whose name needs encoding.
+        let pool = Interval {
+            start: Duration::from_secs(4),
+            duration: Duration::from_millis(500),
+            histograms: vec![],
+            counts: vec![],
+            gauges: vec![("php-fpm pool a,b%c".into(), "busy_mean", 0.333)],
+        };
+        let data = write(vec![interval, pool]);
+        let text = String::from_utf8(data.clone()).unwrap();
+        assert!(
+            text.contains(&format!(
+                "\n#stackprobe-gauge start=3.000 duration=1.000 metric=busy_mean value=1.75 role={}\n",
+                encode(&fpm)
+            )),
+            "{text}"
+        );
+        let back = parse(&data).unwrap();
+        let gauges: Vec<&Recorded> = back
+            .iter()
+            .filter(|r| matches!(r.value, Value::Gauge(_)))
+            .collect();
+        let got: Vec<(String, &str, f64)> = gauges
+            .iter()
+            .filter(|r| r.start == Duration::from_secs(3))
+            .map(|r| {
+                let Value::Gauge(v) = r.value else {
+                    unreachable!()
+                };
+                assert_eq!(r.duration, second);
+                let metric = GAUGES.iter().find(|&&g| g == r.metric).unwrap();
+                (r.role.clone(), *metric, v)
+            })
+            .collect();
+        assert_eq!(sorted(got), want);
+        let last = gauges.last().unwrap();
+        assert_eq!(
+            (
+                last.role.as_str(),
+                last.metric.as_str(),
+                last.duration,
+                &last.value
+            ),
+            (
+                "php-fpm pool a,b%c",
+                "busy_mean",
+                Duration::from_millis(500),
+                &Value::Gauge(0.333)
+            )
+        );
+        // Other HdrHistogram readers see the histograms alone.
+        let intervals = IntervalLogIterator::new(&data)
+            .filter(|e| matches!(e, Ok(LogEntry::Interval(_))))
+            .count();
+        assert_eq!(intervals, histograms);
+        assert!(histograms > 0);
+    }
+
+    #[test]
+    fn a_malformed_gauge_line_is_an_error_with_its_line() {
+        let data = write(vec![Interval {
+            start: Duration::ZERO,
+            duration: Duration::from_secs(1),
+            histograms: vec![("x".into(), "accept", hist(&[5]))],
+            counts: vec![],
+            gauges: vec![("x".into(), "busy_max", 3.0)],
+        }]);
+        let lines = String::from_utf8(data.clone()).unwrap().lines().count();
+        let good = "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=2.5 role=a";
+        let mut ok = data.clone();
+        ok.extend_from_slice(format!("{good}\n").as_bytes());
+        let back = parse(&ok).unwrap();
+        assert!(matches!(back.last().unwrap().value, Value::Gauge(2.5)));
+        assert!(matches!(back[back.len() - 2].value, Value::Gauge(3.0)));
+        for line in [
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value= role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=x role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=-1 role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=NaN role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=inf role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=1e400 role=a",
+            "#stackprobe-gauge start=-1 duration=1.000 metric=busy_mean value=1 role=a",
+            "#stackprobe-gauge duration=1.000 start=1.000 metric=busy_mean value=1 role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=1 count=1 role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric= value=1 role=a",
+            "#stackprobe-gauge start=1.000 duration=1.000 metric=busy_mean value=1 role=",
+        ] {
+            let mut bad = data.clone();
+            bad.extend_from_slice(format!("{line}\n").as_bytes());
+            let err = parse(&bad).unwrap_err().to_string();
+            assert_eq!(
+                err,
+                format!("line {}: not a stackprobe gauge", lines + 1),
+                "{line}"
+            );
+        }
+        // A good line cut short (no newline: it may have lost digits).
+        let mut cut = data.clone();
+        cut.extend_from_slice(good.as_bytes());
+        let err = parse(&cut).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("line {}: ", lines + 1)), "{err}");
+        // A gauge in the middle is named by its own line.
+        let mut middle = good.as_bytes().to_vec();
+        middle.push(b'\n');
+        middle.extend_from_slice(
+            b"#stackprobe-gauge start=1 duration=1 metric=own value=-0.5 role=a\n",
+        );
+        middle.extend_from_slice(&data);
+        let err = parse(&middle).unwrap_err().to_string();
+        assert_eq!(err, "line 2: not a stackprobe gauge");
+    }
+
     #[test]
     fn corrupt_truncated_and_empty_recordings_are_errors_with_a_line() {
         let data = write(vec![Interval {
@@ -487,6 +837,7 @@ mod tests {
             duration: Duration::from_secs(1),
             histograms: vec![("x".into(), "accept", hist(&[5, 6, 7]))],
             counts: vec![],
+            gauges: vec![],
         }]);
         assert!(
             parse(b"")

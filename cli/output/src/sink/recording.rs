@@ -1,4 +1,5 @@
-//! `--record`: every interval's histograms to an HdrHistogram interval log.
+//! `--record`: every interval's histograms to an HdrHistogram interval log,
+//! with its counts and its report's gauges (busy rows, own times).
 
 use std::path::Path;
 
@@ -25,11 +26,10 @@ impl Recording {
         let Some(recorder) = &self.recorder else {
             return;
         };
-        recorder.record(Interval::of(
-            frame.table,
-            frame.interval_start,
-            frame.interval,
-        ));
+        recorder.record(
+            Interval::of(frame.table, frame.interval_start, frame.interval)
+                .with_report(&frame.report),
+        );
         if let Some(e) = recorder.error()
             && !self.error_shown
         {
