@@ -87,11 +87,9 @@ fn assert_queue_wait(queue: &LatencyHistogram, served: &Served, what: &str) {
         "{what}: the probes' waits ({sum} ns in all) fall short of the server's ({} ns) by more than {slack} ns",
         served.waits_sum
     );
-    // With 6 clients on 2 workers holding each 40 ms, the last two waited
-    // two services.
+    // The longest wait is the server's longest, less the same stretch.
     assert!(
-        summary.max_ns >= 2 * SERVICE_MS * 1_000_000 - 1_000_000
-            && summary.max_ns <= served.waits_max,
+        summary.max_ns <= served.waits_max && served.waits_max - summary.max_ns <= 3_000_000,
         "{what}: {summary:?} against the server's longest wait {} ns",
         served.waits_max
     );

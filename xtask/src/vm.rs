@@ -334,7 +334,9 @@ impl Kernel {
                 .arg(&self.release),
         )?;
         let mut order: Vec<String> = Vec::new();
-        for module in ["virtio_pci", "9pnet_virtio", "9p"] {
+        // unix_diag: the unix listeners' queues (sock_diag), which a real
+        // host loads on demand and the guest cannot.
+        for module in ["virtio_pci", "9pnet_virtio", "9p", "unix_diag"] {
             let deps = capture(Command::new("modprobe").arg("-d").arg(&kernel_root).args([
                 "-S",
                 &self.release,

@@ -40,14 +40,15 @@ impl Busy {
         }
     }
 
-    /// Reads the kernel's counts and puts each server's on its role's row.
+    /// Reads the kernel's counts as of `at` (the probes' clock at the
+    /// report's end) and puts each server's on its role's row.
     pub fn fill(
         &mut self,
         probes: &mut Probes,
         table: &ProcessTable,
+        at: u64,
         report: &mut Report,
     ) -> Result<()> {
-        let at = probes_clock_ns();
         let reads: Vec<Reading> = probes
             .take_busy()?
             .into_iter()

@@ -171,6 +171,8 @@ impl Collector {
         // The summary's TIME_WAIT is from a walk at its end.
         self.look_at_sockets(kind == ReportKind::Summary)?;
         let now = Instant::now();
+        // The busy counts' period ends with the report's.
+        let now_ns = busy::probes_clock_ns();
         let interval = now - self.last_tick;
         let elapsed = now - self.start;
         let period = match kind {
@@ -190,7 +192,8 @@ impl Collector {
         }
         report.rungs = self.probes.rungs_in_use();
         self.unix_backlogs(&mut report)?;
-        self.busy.fill(&mut self.probes, &self.table, &mut report)?;
+        self.busy
+            .fill(&mut self.probes, &self.table, now_ns, &mut report)?;
         // The chains again, with the busy rows and unix listeners' losses.
         stackprobe_model::report::link_chains(&mut report);
         insights::annotate(&mut report);
@@ -223,7 +226,11 @@ impl Collector {
                 },
                 total: lost.total,
             };
-            report.attach_listener(&holder, &l.path, Some((l.queued, l.max_backlog)), lost);
+            let backlog = self
+                .unix_sockets
+                .queues_known()
+                .then_some((l.queued, l.max_backlog));
+            report.attach_listener(&holder, &l.path, backlog, lost);
         }
         Ok(())
     }

@@ -24,7 +24,7 @@ use anyhow::Result;
 use stackprobe_model::{counter::Counter, process::ProcessTable, tcp::lost::Gains};
 use stackprobe_probes::{
     Probes, procfs,
-    unix_listeners::{UnixListener, unix_listeners},
+    unix_listeners::{UnixListener, from_proc_net_unix, unix_listeners},
 };
 
 #[derive(Default)]
@@ -42,13 +42,33 @@ pub struct UnixSockets {
     names: HashMap<u64, String>,
     /// Watched listener inode → the connects its full queue refused.
     lost: HashMap<u64, Counter>,
+    queues_known: bool,
 }
 
 impl UnixSockets {
     /// Lists the listening unix sockets, finds which watched processes hold
     /// them, and tells the kernel of new ones and forgets gone ones.
     pub fn refresh(&mut self, probes: &mut Probes, table: &ProcessTable) -> Result<()> {
-        let listeners = unix_listeners()?;
+        // Without the kernel's unix_diag, /proc/net/unix still names the
+        // listeners, but not their queues.
+        let listeners = match unix_listeners() {
+            Ok(l) => {
+                self.queues_known = true;
+                l
+            }
+            Err(_) => {
+                self.queues_known = false;
+                from_proc_net_unix()?
+                    .into_iter()
+                    .map(|(inode, path)| UnixListener {
+                        inode,
+                        path,
+                        queued: 0,
+                        max_backlog: 0,
+                    })
+                    .collect()
+            }
+        };
         let mut pids: Vec<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
         pids.sort_unstable();
         let watched: HashSet<u32> = pids.iter().copied().collect();
@@ -86,6 +106,12 @@ impl UnixSockets {
             }
         }
         Ok(())
+    }
+
+    /// Whether the last refresh knew the listeners' queues (the kernel's
+    /// sock_diag has its unix part).
+    pub fn queues_known(&self) -> bool {
+        self.queues_known
     }
 
     /// The watched listeners at the last refresh, each with its owner.

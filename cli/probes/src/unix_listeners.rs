@@ -118,6 +118,32 @@ pub fn unix_listeners() -> Result<Vec<UnixListener>> {
     }
 }
 
+/// Every listening unix stream socket's inode and path from
+/// /proc/net/unix, for kernels whose sock_diag has no unix part (its
+/// `unix_diag` module absent): it lists no queue lengths.
+pub fn from_proc_net_unix() -> Result<Vec<(u64, String)>> {
+    let text = std::fs::read_to_string("/proc/net/unix").context("reading /proc/net/unix")?;
+    Ok(parse_proc_net_unix(&text))
+}
+
+/// `Num RefCount Protocol Flags Type St Inode [Path]`, hexadecimal but for
+/// the inode: a listener has `__SO_ACCEPTCON` (0x10000) in its flags.
+fn parse_proc_net_unix(text: &str) -> Vec<(u64, String)> {
+    const ACCEPTCON: u32 = 0x10000;
+    const SOCK_STREAM: u32 = 1;
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let flags = u32::from_str_radix(f.get(3)?, 16).ok()?;
+            let kind = u32::from_str_radix(f.get(4)?, 16).ok()?;
+            let inode = f.get(6)?.parse().ok()?;
+            (flags & ACCEPTCON != 0 && kind == SOCK_STREAM)
+                .then(|| (inode, f.get(7).map_or(String::new(), |p| (*p).to_string())))
+        })
+        .collect()
+}
+
 /// The listeners by inode, to match the `socket:[N]` of /proc/PID/fd.
 pub fn by_inode(list: &[UnixListener]) -> HashMap<u64, &UnixListener> {
     list.iter().map(|l| (l.inode, l)).collect()
@@ -364,6 +390,24 @@ fn name(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_net_unix_lists_stream_listeners_only() {
+        let text = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 7001 /run/php/php-fpm.sock\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 7002 @abstract\n\
+            0000000000000000: 00000003 00000000 00000000 0001 03 7003 /run/php/php-fpm.sock\n\
+            0000000000000000: 00000002 00000000 00010000 0005 01 7004 /run/seq.sock\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 7005\n";
+        assert_eq!(
+            parse_proc_net_unix(text),
+            [
+                (7001, "/run/php/php-fpm.sock".to_string()),
+                (7002, "@abstract".to_string()),
+                (7005, String::new()),
+            ]
+        );
+    }
 
     fn attr(kind: u16, data: &[u8]) -> Vec<u8> {
         let mut a = Vec::new();
