@@ -11,23 +11,7 @@ use std::time::Duration;
 
 use support::*;
 
-/// A network namespace with its loopback up, deleted on drop.
-struct Netns {
-    name: String,
-}
-
 impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("sp-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        run("ip", &["netns", "add", &name]);
-        run("ip", &["-n", &name, "link", "set", "lo", "up"]);
-        Self { name }
-    }
-
     /// `program args…` run inside.
     fn command(&self, program: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new("ip");
@@ -71,14 +55,6 @@ impl Netns {
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
     }
 }
 

@@ -373,60 +373,6 @@ fn unix_connects_a_full_queue_refused_count_on_its_listener_exactly() {
     other.stop();
 }
 
-/// A network namespace with its loopback up, deleted on drop: nothing
-/// else overflows a listen queue there, so its counters are the test's.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("sp-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        for args in [
-            &["netns", "add", &name][..],
-            &["-n", &name, "link", "set", "lo", "up"],
-        ] {
-            let status = Command::new("ip").args(args).status().unwrap();
-            assert!(status.success(), "ip {args:?}: {status}");
-        }
-        Self { name }
-    }
-
-    /// Runs `f` on this thread inside the namespace (sockets it makes stay
-    /// there), then comes back. The session dropped this thread's
-    /// CAP_SYS_ADMIN but for such moments.
-    fn enter<T>(&self, f: impl FnOnce() -> T) -> T {
-        let home = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
-        let there = std::fs::File::open(format!("/run/netns/{}", self.name)).unwrap();
-        let setns = |ns: &std::fs::File| {
-            stackprobe_probes::privileges::entering_namespaces(|| {
-                // SAFETY: a plain syscall on a namespace file held open.
-                if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(std::io::Error::last_os_error().into());
-                }
-                Ok(())
-            })
-            .expect("setns")
-        };
-        setns(&there);
-        let out = f();
-        setns(&home);
-        out
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
 /// (ListenDrops, ListenOverflows) of the namespace process `pid` lives in.
 fn listen_counters(pid: u32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/net/netstat")).unwrap();

@@ -43,14 +43,6 @@ fn php_fpm() -> PathBuf {
         .expect("php-fpm is not installed (cargo xtask test installs it)")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Stack {
     fn start(workers: u32) -> Self {
         let dir = TempDir::new(&format!("php-pool-{workers}"));

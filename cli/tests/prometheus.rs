@@ -16,15 +16,6 @@ use std::{
 use serde_json::Value;
 use support::*;
 
-/// A port free now on loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The body of a successful GET.
 fn get_ok(addr: &str, path: &str) -> String {
     let (head, body) = http_get(addr, path);

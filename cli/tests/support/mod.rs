@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 mod cli;
+mod netns;
 mod programs;
 mod server;
 mod system;
@@ -14,6 +15,8 @@ mod system;
 // Each test binary uses its own part of these.
 #[allow(unused_imports)]
 pub use cli::*;
+#[allow(unused_imports)]
+pub use netns::*;
 #[allow(unused_imports)]
 pub use programs::*;
 #[allow(unused_imports)]

@@ -247,3 +247,12 @@ pub fn wait_in_accept(pid: u32, n: usize) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// A port free now on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
