@@ -221,6 +221,14 @@ pub struct WatchArgs {
     #[arg(long, value_enum, value_name = "HOOK")]
     pub unix_queue_hook: Option<stackprobe_probes::rungs::UnixQueueRung>,
 
+    /// Also time how long servers hold unix connections and count their
+    /// busy workers (a php-fpm pool on a unix socket), as TCP ones always
+    /// are. Off by default: it runs a probe on every close(2) on the host,
+    /// which on a php-fpm stack costs more than the rest of stackprobe's
+    /// probes together (BENCHMARKS.md).
+    #[arg(long)]
+    pub unix_service_time: bool,
+
     /// Print what the kernel probes log about what only the kernel sees
     /// (slot collisions, full maps, the listeners connections are
     /// attributed to) to stderr, at debug level; RUST_LOG filters it (e.g.
@@ -272,6 +280,7 @@ impl AgentArgs {
             fork_hook: None,
             queue_hook: None,
             unix_queue_hook: None,
+            unix_service_time: false,
             log_probes: false,
             headless: true,
         }

@@ -11,6 +11,7 @@ use std::{
 
 use probes_common::watch::WatchReason;
 use stackprobe_model::{probe_stats::Drops, selector::Selector};
+use stackprobe_probes::Options;
 use support::*;
 
 #[test]
@@ -307,11 +308,16 @@ fn exited_processes_leave_the_watch_set() {
 #[test]
 fn dropping_the_probes_detaches_and_unloads_every_program() {
     let _lock = probe_lock();
-    let s = Session::start();
+    let s = Session::try_start(Options {
+        unix_service: true,
+        ..Options::default()
+    })
+    .unwrap();
     let ids = s.collector.probes().program_ids().unwrap();
     assert_eq!(
         ids.len(),
         PROGRAM_NAMES.len()
+            + UNIX_SERVICE_PROGRAM_NAMES.len()
             + fork_program_names(s.collector.probes().fork_rung()).len()
             + queue_program_names(s.collector.probes().queue_rung()).len()
             + unix_queue_program_names(s.collector.probes().unix_queue_rung()).len()

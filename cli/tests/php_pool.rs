@@ -150,7 +150,17 @@ fn get(port: u16) -> String {
 
 /// Watches the pool while [`REQUESTS`] requests come at once; the summary.
 fn summary_under_load(stack: &Stack) -> Value {
-    let mut sp = Running::watch_json(stack.master(), "1s");
+    let master = stack.master().to_string();
+    let mut sp = Running::start(&[
+        "watch",
+        "--pid",
+        &master,
+        "--json",
+        "--interval",
+        "1s",
+        "--unix-service-time",
+    ]);
+    sp.wait_stderr("probes attached");
     sp.drain_stdout();
     let port = stack.port;
     let bodies: Vec<String> = (0..REQUESTS)

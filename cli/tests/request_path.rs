@@ -87,11 +87,15 @@ fn assert_queue_wait(queue: &LatencyHistogram, served: &Served, what: &str) {
         "{what}: the probes' waits ({sum} ns in all) fall short of the server's ({} ns) by more than {slack} ns",
         served.waits_sum
     );
-    // The longest wait is the server's longest, less the same stretch.
+    // The longest wait is the server's longest, less at most the stretches
+    // the sums differ by (the kernel keeps max and sum exact): one
+    // preempted connect in a guest can take a few ms of that alone.
     assert!(
-        summary.max_ns <= served.waits_max && served.waits_max - summary.max_ns <= 3_000_000,
-        "{what}: {summary:?} against the server's longest wait {} ns",
-        served.waits_max
+        summary.max_ns <= served.waits_max
+            && served.waits_max - summary.max_ns <= served.waits_sum - sum,
+        "{what}: {summary:?} (sum {sum} ns) against the server's longest wait {} ns (sum {} ns)",
+        served.waits_max,
+        served.waits_sum
     );
 }
 
@@ -131,6 +135,49 @@ fn check_pool(s: &mut Session, mut server: Server, kind: &str, watch_client: boo
     server.stop();
 }
 
+/// With `--unix-service-time`'s close and exit probes.
+fn unix_service_session() -> Session {
+    Session::try_start(Options {
+        unix_service: true,
+        ..Options::default()
+    })
+    .expect("loading the probes")
+}
+
+/// Without `--unix-service-time`, a unix pool's queue is timed but its
+/// connections start no service (no hook would see them end), while a TCP
+/// pool's are served as ever.
+#[test]
+fn without_unix_service_time_a_unix_pool_has_no_service_and_a_tcp_one_does() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("unix-off");
+    let mut s = Session::start();
+    let mut server = Server::start(Some(&dir.0.join("off.sock")));
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
+    s.collector.refresh().unwrap();
+    let served = serve_pool(&mut s, &mut server, "unix", false);
+    assert_queue_wait(
+        &latency(&s, server.pid, Latency::AcceptQueue),
+        &served,
+        "unix, no service time",
+    );
+    assert_eq!(latency(&s, server.pid, Latency::Service).summary().count, 0);
+    let busy = s.collector.probes_mut().take_busy().unwrap();
+    assert!(
+        busy.iter()
+            .all(|(server_pid, _, _)| *server_pid != server.pid),
+        "{busy:?}"
+    );
+    server.stop();
+    check_pool(
+        &mut s,
+        Server::start(None),
+        "tcp",
+        false,
+        "tcp, no unix service time",
+    );
+}
+
 fn unix_rungs() -> Vec<(Option<UnixQueueRung>, &'static str)> {
     vec![
         (None, "best rung"),
@@ -148,6 +195,7 @@ fn a_unix_pools_queue_wait_matches_the_servers_clock_on_every_rung() {
         let expected = rung != Some(UnixQueueRung::DataReady) || has_data_ready();
         let options = Options {
             unix_queue_rung: rung,
+            unix_service: true,
             ..Options::default()
         };
         let Some(mut s) = forced_session(options, name, expected) else {
@@ -183,7 +231,7 @@ fn has_data_ready() -> bool {
 fn a_connection_handed_to_a_child_is_served_until_the_child_exits() {
     let _lock = probe_lock();
     let dir = TempDir::new("fork-hold");
-    let mut s = Session::start();
+    let mut s = unix_service_session();
     for kind in ["unix", "tcp"] {
         let mut server = Server::start(Some(&dir.0.join("fork.sock")));
         s.collector.probes_mut().watch_pid(server.pid).unwrap();
@@ -218,7 +266,7 @@ fn a_connection_handed_to_a_child_is_served_until_the_child_exits() {
 fn a_pools_busy_row_says_how_many_connections_it_held() {
     let _lock = probe_lock();
     let dir = TempDir::new("busy");
-    let mut s = Session::start();
+    let mut s = unix_service_session();
     let mut server = Server::start(Some(&dir.0.join("busy.sock")));
     s.collector.probes_mut().watch_pid(server.pid).unwrap();
     s.collector.refresh().unwrap();

@@ -126,9 +126,15 @@ pub struct HistKey {
     /// listening socket accepted from, plus one (0: not known), which
     /// userspace names from the process's fd table; for connect metrics,
     /// the destination's id (see [`crate::connect`]), which
-    /// the kernel names; 0 for every other metric.
+    /// the kernel names; 0 for every other metric. A listener's samples
+    /// the state probe's nested copy takes carry [`LISTENER_NESTED`] too.
     pub path: u64,
 }
+
+/// Set in a listener path by the state probe's nested copy, whose samples
+/// must not share a histogram with the copy it interrupts (see the probe):
+/// userspace names both alike.
+pub const LISTENER_NESTED: u64 = 1 << 32;
 
 crate::assert_layout!(HistKey, 16, { tgid: 0, metric: 4, path: 8 });
 

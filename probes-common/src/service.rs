@@ -1,16 +1,26 @@
 //! Service time: how long a server holds each connection it accepted, from
-//! the accept's return to the last close of the socket (the `close()` that
-//! drops the file's last reference, or the exit of the process holding it:
-//! a postgres backend holds what the postmaster accepted and closed), into
-//! the kernel's histograms under the acceptor and its listener; and how
-//! many connections each server holds at once (its busy workers, for
-//! servers whose workers serve one connection at a time).
+//! the accept's return to its end, into the kernel's histograms under the
+//! acceptor and its listener; and how many connections each server holds
+//! at once (its busy workers, for servers whose workers serve one
+//! connection at a time). A TCP connection ends at the server's first FIN
+//! (its close or shutdown) or a reset, which the state probe sees at no
+//! extra hook; a unix one at the `close()` that drops the file's last
+//! reference, or the exit of the process holding it (a postgres backend
+//! holds what the postmaster accepted and closed), for which the close
+//! and exit probes look only at processes that hold one or whose parent
+//! does ([`UNIX_HELD_MAP`]).
 
 use crate::offsets::MemberOffset;
 
 /// Hash of an accepted socket's `struct sock` address → [`Service`].
 pub const SERVICES_MAP: &str = "SERVICES";
 pub const SERVICES_MAX_ENTRIES: u32 = 16384;
+
+/// LRU hash of a tgid and an fd it accepted at, or u32::MAX for all its
+/// fds (`tgid << 32 | fd`) → the unix connections accepted there that are
+/// being served: the close and exit probes' filter.
+pub const UNIX_HELD_MAP: &str = "UNIX_HELD";
+pub const UNIX_HELD_MAX_ENTRIES: u32 = 4096;
 
 /// Hash of a server's key (the watched process that leads its workers:
 /// the acceptor's parent if that is watched, as a php-fpm or nginx master
@@ -34,6 +44,9 @@ pub const FILE_ONE_REF_GLOBAL: &str = "FILE_ONE_REF";
 /// Global holding the offset of the file's reference count (`f_ref` or
 /// `f_count`, whichever this kernel has).
 pub const FILE_REFS_GLOBAL: &str = "FILE_REFS";
+/// Global: 1 when unix connections are served (the close and exit probes
+/// attached), else 0.
+pub const UNIX_SERVICES_GLOBAL: &str = "UNIX_SERVICES";
 /// The fds an exiting process's table is looked through for connections
 /// it still holds.
 pub const EXIT_SCAN_FDS: u32 = 32;
@@ -49,10 +62,12 @@ pub struct Service {
     pub listener: u32,
     /// The server's key in [`BUSY_MAP`].
     pub server: u32,
-    pub _pad: u32,
+    /// A unix connection's fd in the acceptor plus one (counted in
+    /// [`UNIX_HELD_MAP`]); 0 for TCP.
+    pub unix_fd: u32,
 }
 
-crate::assert_layout!(Service, 24, { start_ns: 0, tgid: 8, listener: 12, server: 16, _pad: 20 });
+crate::assert_layout!(Service, 24, { start_ns: 0, tgid: 8, listener: 12, server: 16, unix_fd: 20 });
 
 /// One server's connections held, kept so that the time-weighted mean over
 /// any interval follows from two reads: busy time up to `t` is

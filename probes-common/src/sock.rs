@@ -290,10 +290,21 @@ pub struct TrackedSocket {
     /// Active side: the id of where it connects to
     /// ([`crate::connect::Destination::id`]), 0 if not known.
     pub destination: u64,
+    /// Passive side, while its accept's service lasts (see
+    /// [`crate::service`]): who accepted it; 0 before its accept and once
+    /// the service ended. Its start is then in `since_ns`, which the
+    /// accept took.
+    pub served_tgid: u32,
+    /// The listener's fd plus one in the acceptor.
+    pub served_listener: u32,
+    /// The server's key in [`crate::service::BUSY_MAP`].
+    pub served_server: u32,
+    pub _pad2: u32,
 }
 
-crate::assert_layout!(TrackedSocket, 32, {
+crate::assert_layout!(TrackedSocket, 48, {
     owner: 0, closer: 4, side: 8, _pad: 9, lport: 10, netns: 12, since_ns: 16, destination: 24,
+    served_tgid: 32, served_listener: 36, served_server: 40, _pad2: 44,
 });
 
 /// One slot of [`TRACKED_SLOTS_MAP`]: a cache line, so that following a
@@ -307,12 +318,9 @@ pub struct TrackedSlot {
     /// `tracked` module): 1 while a socket holds it.
     pub claims: u64,
     pub socket: TrackedSocket,
-    pub _pad: [u64; 2],
 }
 
-crate::assert_layout!(TrackedSlot, 64, {
-    sk: 0, claims: 8, socket: 16, _pad: 48,
-});
+crate::assert_layout!(TrackedSlot, 64, { sk: 0, claims: 8, socket: 16 });
 
 /// Per-CPU counts per link: `LinkKey` → `LinkCounts`.
 pub const LINKS_MAP: &str = "LINKS";

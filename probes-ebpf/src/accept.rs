@@ -164,11 +164,10 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
         // Only a walk can have found a unix socket.
         if tcp_sock::read::<u16>(sk, &SKC_FAMILY) == Some(AF_UNIX) {
             unix_queue::accepted(sk, tgid, listener, end_ns);
-            services::started(sk, tgid, listener, end_ns);
+            services::started(sk, tgid, listener, end_ns, Some(ret as u32));
             return 0;
         }
     }
-    services::started(sk, tgid, listener, end_ns);
     // A connection seen arriving at a watched listener is followed, its
     // listener's port and namespace in its record; unknown for unix
     // sockets and connections established before attach.
@@ -188,6 +187,12 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
             u64::from(listener),
             end_ns.saturating_sub(at),
         );
+    }
+    // After the queue wait took the record's `since_ns`, which the
+    // service's start then takes.
+    match tracked {
+        Some(p) => services::started_tracked(p, tgid, listener, end_ns),
+        None => services::started(sk, tgid, listener, end_ns, None),
     }
     0
 }
@@ -212,8 +217,9 @@ fn untimed(ctx: &TracePointContext, pid_tgid: u64) {
         return;
     };
     let at = now();
-    if tcp_sock::read::<u16>(sk, &SKC_FAMILY) == Some(AF_UNIX) {
+    let unix = tcp_sock::read::<u16>(sk, &SKC_FAMILY) == Some(AF_UNIX);
+    if unix {
         unix_queue::accepted(sk, tgid, 0, at);
     }
-    services::started(sk, tgid, 0, at);
+    services::started(sk, tgid, 0, at, unix.then_some(fd as u32));
 }

@@ -1,8 +1,9 @@
-//! Where a served connection ends (see services): the close(2) of a watched
-//! process that drops its last reference, or the exit of a watched process
-//! that holds it. Every other process's close or exit costs the watch-set
-//! load; a program of its own for the exit, whose look through the fd table
-//! the lifecycle probe's verification need not carry.
+//! Where a served unix connection ends (see services): the close(2) of a
+//! watched process that drops its last reference, or the exit of a watched
+//! process that holds it. Every other process's close or exit costs the
+//! watch-set load, and a watched one's that holds none two lookups; a
+//! program of its own for the exit, whose look through the fd table the
+//! lifecycle probe's verification need not carry.
 
 use aya_ebpf::{
     Global, helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
@@ -26,11 +27,12 @@ pub fn service_exit(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn service_close(ctx: TracePointContext) -> u32 {
-    if !is_watched((bpf_get_current_pid_tgid() >> 32) as u32) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !is_watched(tgid) {
         return 0;
     }
     if let Some(fd) = memory::field::<u64>(&ctx, &CLOSE_FD_OFFSET) {
-        services::closing(fd as u32);
+        services::closing(tgid, fd as u32);
     }
     0
 }

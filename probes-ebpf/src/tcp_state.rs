@@ -33,7 +33,7 @@ use crate::{
     clock::now,
     closers, destinations, events, hist, memory,
     offsets::offset_globals,
-    slots, tcp_links,
+    services, slots, tcp_links,
     tcp_sock::{self, Ends, Sock, SockAt, SockBtf},
     tracked,
     watch_set::is_watched,
@@ -67,6 +67,18 @@ fn by_owner(old: u8, new: u8) -> bool {
 #[inline(always)]
 fn closer(in_owner: bool, tgid: u32, owner: u32) -> u32 {
     if in_owner { tgid } else { owner }
+}
+
+/// The end of an accepted connection's service (see services): its
+/// server's first FIN, or a reset before it.
+#[inline(always)]
+fn ends_service(old: u8, new: u8) -> bool {
+    matches!(
+        (old, new),
+        (TCP_ESTABLISHED | TCP_SYN_RECV, TCP_FIN_WAIT1)
+            | (TCP_CLOSE_WAIT, TCP_LAST_ACK)
+            | (TCP_ESTABLISHED | TCP_SYN_RECV | TCP_CLOSE_WAIT, TCP_CLOSE)
+    )
 }
 
 /// A close without the FIN handshake: reset, refused, aborted.
@@ -333,6 +345,9 @@ fn on_change(
     // owner's own syscalls, the caller's; else a connection arriving at a
     // watched listener.
     let tracked = tracked_record(sk, old);
+    if ends_service(old, new) {
+        services::tcp_ended(sk, tracked, instance == Instance::Nested);
+    }
     let arriving = is_arriving(old, new);
     if tracked.is_none() && !in_owner && !arriving {
         return;
@@ -455,6 +470,10 @@ fn new_record(ends: &Ends, owner: u32, new: u8, in_owner: bool, tgid: u32) -> Tr
         netns: ends.netns,
         since_ns: 0,
         destination: 0,
+        served_tgid: 0,
+        served_listener: 0,
+        served_server: 0,
+        _pad2: 0,
     }
 }
 

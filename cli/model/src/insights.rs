@@ -4,6 +4,7 @@
 use super::{
     histogram::duration,
     measure::Latency,
+    probe_stats::{SERVICE_RUNG, SERVICE_TCP_ONLY},
     report::{ListenerLatencyRow, PathComparison, Report, ReportKind, RoleRow, path_kind},
     roles::{self, Kind},
 };
@@ -59,6 +60,32 @@ fn pool_full(role: &RoleRow) -> Option<String> {
         busy.max,
         busy.mean,
         duration(queue.p90_ns)
+    ))
+}
+
+/// A role whose unix listener's connections wait in its queue while
+/// stackprobe does not follow unix connections' service (see
+/// `--unix-service-time`): whether its workers are all busy is not
+/// measured, and said so.
+fn unix_service_off(report: &Report, role: &RoleRow) -> Option<String> {
+    let off = report
+        .rungs
+        .iter()
+        .any(|r| r.metric == SERVICE_RUNG && r.hook == SERVICE_TCP_ONLY);
+    if !off {
+        return None;
+    }
+    let l = role.listeners.iter().find(|l| {
+        let queue = &l.latency[Latency::AcceptQueue].latency;
+        path_kind(&l.listener) == "unix"
+            && queue.count >= MIN_POOL_WAITS
+            && queue.p90_ns >= MIN_POOL_WAIT_NS
+    })?;
+    Some(format!(
+        "{}: connections wait {} (p90) in the queue of {}; how many of its workers are busy, and how long each holds a connection, are not measured for unix sockets without --unix-service-time (a probe on every close(2) on the host)",
+        role.role,
+        duration(l.latency[Latency::AcceptQueue].latency.p90_ns),
+        l.listener
     ))
 }
 
@@ -154,6 +181,8 @@ pub fn insights(report: &Report) -> Vec<String> {
         }
         if let Some(full) = pool_full(role) {
             out.push(full);
+        } else if let Some(unserved) = unix_service_off(report, role) {
+            out.push(unserved);
         } else if role.latency[Latency::AcceptQueue].latency.count >= MIN_ACCEPTS
             && role.latency[Latency::AcceptQueue].latency.p99_ns >= MIN_QUEUE_WAIT_NS
         {

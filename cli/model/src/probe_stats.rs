@@ -220,6 +220,11 @@ impl ProgramCost {
     }
 }
 
+/// The `metric` of the rung service time comes from, and its `hook` when
+/// only TCP connections' service is followed (no `--unix-service-time`).
+pub const SERVICE_RUNG: &str = "service";
+pub const SERVICE_TCP_ONLY: &str = "tcp-only";
+
 /// One rung of a hook ladder, as picked at load.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RungInUse {

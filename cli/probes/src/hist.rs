@@ -11,7 +11,7 @@ use aya::{
 };
 use probes_common::{
     connect::DESTINATIONS_MAX_ENTRIES,
-    hist::{HISTS_MAP, HISTS_SPARE_MAP, HistKey, HistMetric, HistValue},
+    hist::{HISTS_MAP, HISTS_SPARE_MAP, HistKey, HistMetric, HistValue, LISTENER_NESTED},
 };
 
 use super::{batch, connect};
@@ -112,18 +112,19 @@ impl KernelHists {
     /// process's fd table the first time (a process that is gone can no
     /// longer say).
     fn listener(&mut self, key: HistKey, gone: bool) -> Option<String> {
-        if key.path == 0 {
+        let path = key.path & !LISTENER_NESTED;
+        if path == 0 {
             return None;
         }
-        if let Some(name) = self.listeners.get(&(key.tgid, key.path)) {
+        if let Some(name) = self.listeners.get(&(key.tgid, path)) {
             return name.clone();
         }
-        let fd = u32::try_from(key.path - 1).ok()?;
+        let fd = u32::try_from(path - 1).ok()?;
         if gone {
             return None;
         }
         let name = procfs::listener_name(key.tgid, fd);
-        self.listeners.insert((key.tgid, key.path), name.clone());
+        self.listeners.insert((key.tgid, path), name.clone());
         name
     }
 

@@ -51,6 +51,9 @@ pub struct Options {
     pub queue_rung: Option<QueueRung>,
     /// Likewise for the unix queue wait's start.
     pub unix_queue_rung: Option<UnixQueueRung>,
+    /// Time unix connections' service and count their busy servers: a
+    /// program on every close(2) on the host (see services).
+    pub unix_service: bool,
     /// Print what the probes log about what only the kernel sees (see
     /// `kernel_log`) to stderr; off, the logging code is not even loaded.
     pub log_probes: bool,
@@ -64,6 +67,7 @@ pub struct Probes {
     fork_rung: ForkRung,
     queue_rung: QueueRung,
     unix_queue_rung: UnixQueueRung,
+    unix_service: bool,
     state_rung: StateRung,
     _stats: Option<OwnedFd>,
     // Last: it prints what the programs log until they are detached.
@@ -78,7 +82,7 @@ impl Probes {
         let tracefs = Tracefs::open_or_mount()?;
 
         let slots = slot_count(procfs::pid_max());
-        let kernel = KernelFacts::read(&tracefs, slots)?;
+        let kernel = KernelFacts::read(&tracefs, slots, options.unix_service)?;
         // The kernel's BTF is big once aya has parsed it (~14 MB, ~23 MB while
         // parsing): only one copy at a time, or the load's peak memory is
         // their sum. aya 0.14's loader parses one of its own as it is made
@@ -121,7 +125,9 @@ impl Probes {
         };
         // Watch-set programs first, so a watched process's children are
         // followed before any accept is timed.
-        services::attach_exit(&mut ebpf, &tracefs)?;
+        if options.unix_service {
+            services::attach_exit(&mut ebpf, &tracefs)?;
+        }
         watch::attach(&mut ebpf, &tracefs)?;
         let fork_rung = fork::attach(&mut ebpf, &tracefs, &btf, options.fork_rung)?;
         let queue_rung = accept::attach(
@@ -132,7 +138,9 @@ impl Probes {
             options.queue_rung,
         )?;
         connect::attach(&mut ebpf, &tracefs)?;
-        services::attach_close(&mut ebpf, &tracefs)?;
+        if options.unix_service {
+            services::attach_close(&mut ebpf, &tracefs)?;
+        }
         let unix_queue_rung = unix_queue::attach(&mut ebpf, &tracefs, options.unix_queue_rung)?;
         tcp::load(&mut ebpf, &btf)?;
         let state_rung = tcp::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
@@ -152,6 +160,7 @@ impl Probes {
             fork_rung,
             queue_rung,
             unix_queue_rung,
+            unix_service: options.unix_service,
             state_rung,
             _stats: stats,
             _kernel_log: kernel_log,
@@ -181,6 +190,7 @@ impl Probes {
                 hook: self.unix_queue_rung.name(),
                 description: self.unix_queue_rung.describe(),
             },
+            services::in_use(self.unix_service),
             RungInUse {
                 metric: "tcp_state",
                 hook: self.state_rung.name(),
@@ -426,7 +436,7 @@ struct KernelFacts {
 }
 
 impl KernelFacts {
-    fn read(tracefs: &Tracefs, slots: u32) -> Result<Self> {
+    fn read(tracefs: &Tracefs, slots: u32, unix_service: bool) -> Result<Self> {
         let btf = KernelBtf::from_file(&preflight::btf_path())?;
         Ok(Self {
             setups: [
@@ -436,7 +446,7 @@ impl KernelFacts {
                 tcp::setup(&btf, tracefs)?,
                 connect::setup(tracefs, slots)?,
                 unix_queue::setup(tracefs, &btf)?,
-                services::setup(tracefs, &btf)?,
+                services::setup(tracefs, &btf, unix_service)?,
             ],
             fexit_program: accept::fexit_program(&btf),
             state_tp_btf: tcp::tp_btf_readable(&btf),

@@ -102,8 +102,11 @@ impl StateRung {
     }
 }
 
-/// Where a unix connection's wait in its listener's queue starts, best
-/// first (its end is always the accept that takes it).
+/// Where a unix connection's wait in its listener's queue starts (its end
+/// is always the accept that takes it). The syscall rung first: its hooks
+/// are the connect and accept probes' own, where data-ready's runs for
+/// every TCP segment and unix message on the host, which costs more than
+/// its exactness gains (BENCHMARKS.md): it is there for the asking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum UnixQueueRung {
     /// The tracepoint sock:sk_data_ready (6.3 and later), inside the
@@ -116,7 +119,7 @@ pub enum UnixQueueRung {
 }
 
 impl UnixQueueRung {
-    pub const LADDER: [UnixQueueRung; 2] = [Self::DataReady, Self::Syscalls];
+    pub const LADDER: [UnixQueueRung; 2] = [Self::Syscalls, Self::DataReady];
 
     /// As `--unix-queue-hook` names it.
     pub fn name(self) -> &'static str {

@@ -9,8 +9,9 @@ use aya::{
 };
 use probes_common::service::{
     BUSY_MAP, BUSY_MAX_MAP, Busy, CLOSE_FD_OFFSET_GLOBAL, CLOSE_PROGRAM, CLOSE_TRACEPOINT,
-    EXIT_PROGRAM, FILE_ONE_REF_GLOBAL, FILE_REFS_GLOBAL, SERVICE_MEMBERS,
+    EXIT_PROGRAM, FILE_ONE_REF_GLOBAL, FILE_REFS_GLOBAL, SERVICE_MEMBERS, UNIX_SERVICES_GLOBAL,
 };
+use stackprobe_model::probe_stats::{RungInUse, SERVICE_RUNG, SERVICE_TCP_ONLY};
 
 use super::{
     attach::{Setup, attach_tracepoints},
@@ -18,10 +19,11 @@ use super::{
     tracefs::Tracefs,
 };
 
-/// The close tracepoint's `fd`, the members read, and where a file keeps
-/// its reference count: `f_ref` (6.13 and later), which reads 0 with one
-/// reference, or `f_count` before, which reads 1.
-pub fn setup(tracefs: &Tracefs, btf: &KernelBtf) -> Result<Setup> {
+/// The close tracepoint's `fd`, the members read, where a file keeps its
+/// reference count (`f_ref` (6.13 and later), which reads 0 with one
+/// reference, or `f_count` before, which reads 1), and whether unix
+/// connections are served (`unix`: the close and exit probes attach).
+pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, unix: bool) -> Result<Setup> {
     let fd = tracefs.same_offset("syscalls", &[CLOSE_TRACEPOINT], "fd", 8)?;
     let (refs, one) = match btf.path_offset("file", &["f_ref"]) {
         Ok(off) => (off, 0),
@@ -31,6 +33,7 @@ pub fn setup(tracefs: &Tracefs, btf: &KernelBtf) -> Result<Setup> {
         (CLOSE_FD_OFFSET_GLOBAL, fd),
         (FILE_REFS_GLOBAL, refs),
         (FILE_ONE_REF_GLOBAL, one),
+        (UNIX_SERVICES_GLOBAL, u32::from(unix)),
     ];
     globals.extend(btf.offsets(SERVICE_MEMBERS)?);
     Ok(Setup {
@@ -60,6 +63,24 @@ pub fn attach_close(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> {
         "syscalls",
         &[CLOSE_TRACEPOINT],
     )
+}
+
+/// Where service time comes from, for reports: TCP always (the state
+/// probe), unix only with the close and exit probes.
+pub fn in_use(unix: bool) -> RungInUse {
+    if unix {
+        RungInUse {
+            metric: SERVICE_RUNG,
+            hook: "close",
+            description: "TCP: the state probe (the server's first FIN or a reset); unix: tracepoint syscalls/sys_enter_close (the last reference's close) and the holder's exit",
+        }
+    } else {
+        RungInUse {
+            metric: SERVICE_RUNG,
+            hook: SERVICE_TCP_ONLY,
+            description: "TCP: the state probe (the server's first FIN or a reset); unix: not measured (--unix-service-time: a probe on every close(2) on the host)",
+        }
+    }
 }
 
 /// Forgets `server`'s busy count (stackprobe's own, after its self-check).

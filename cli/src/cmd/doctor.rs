@@ -122,6 +122,15 @@ pub fn run() -> Result<()> {
                     };
                     lines.push(try_forced("unix queue hook", rung.name(), forced));
                 }
+                let forced = Options {
+                    unix_service: true,
+                    ..Options::default()
+                };
+                lines.push(try_forced(
+                    "unix service time (--unix-service-time)",
+                    "tracepoint syscalls/sys_enter_close and sched/sched_process_exit",
+                    forced,
+                ));
                 let mut probes = Probes::load(Options::default())?;
                 for check in probes.check_attach_types()? {
                     lines.push(match check.result {

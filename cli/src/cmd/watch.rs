@@ -82,6 +82,7 @@ async fn watch(args: WatchArgs, control: Control) -> Result<()> {
             fork_rung: args.fork_hook,
             queue_rung: args.queue_hook,
             unix_queue_rung: args.unix_queue_hook,
+            unix_service: args.unix_service_time,
             log_probes: args.log_probes,
         },
     )?;

@@ -65,10 +65,8 @@ pub fn fdinfo_run_totals(ids: &[u32]) -> (u64, u64) {
 /// truncates them, to 15 bytes).
 /// (One state program is loaded: `tcp_state`, or `tcp_state_btf` and its
 /// nested copy where the BTF tracepoint serves.)
-pub const PROGRAM_NAMES: [&str; 11] = [
+pub const PROGRAM_NAMES: [&str; 9] = [
     "tcp_state",
-    "service_close",
-    "service_exit",
     "tcp_sockets",
     "accept_enter",
     "accept_exit",
@@ -139,6 +137,9 @@ pub fn unix_queue_extra_loaded() -> usize {
         .count()
 }
 
+/// The programs `--unix-service-time` (`Options::unix_service`) adds.
+pub const UNIX_SERVICE_PROGRAM_NAMES: [&str; 2] = ["service_close", "service_exit"];
+
 /// The do-nothing programs `doctor` loads to try a hook.
 pub const HOOK_PROGRAM_NAMES: [&str; 3] = ["hook_tp_btf", "hook_fentry", "hook_kprobe"];
 
@@ -149,6 +150,7 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
         .filter(|p| {
             p.name_as_str().is_some_and(|n| {
                 PROGRAM_NAMES.contains(&n)
+                    || UNIX_SERVICE_PROGRAM_NAMES.contains(&n)
                     || n == "tcp_state_btf"
                     // tcp_state_btf_nested, truncated.
                     || n == "tcp_state_btf_n"

@@ -12,10 +12,8 @@ use serde_json::Value;
 use super::tracer::{Tracer, summary};
 
 /// What `stackprobe watch` attaches whichever rungs its ladders take
-/// (cli/probes/src/{watch,accept,connect,services}.rs), in bpftrace's probe
-/// syntax; sched_process_exit carries two of stackprobe's programs (the
-/// lifecycle probe's and the service end's), the floor one.
-const ALWAYS: [&str; 10] = [
+/// (cli/probes/src/{watch,accept,connect}.rs), in bpftrace's probe syntax.
+const ALWAYS: [&str; 9] = [
     "tracepoint:sched:sched_process_fork",
     "tracepoint:sched:sched_process_exec",
     "tracepoint:sched:sched_process_exit",
@@ -25,7 +23,6 @@ const ALWAYS: [&str; 10] = [
     "tracepoint:syscalls:sys_exit_accept4",
     "tracepoint:syscalls:sys_enter_connect",
     "tracepoint:syscalls:sys_exit_connect",
-    "tracepoint:syscalls:sys_enter_close",
 ];
 
 /// What the floor attaches in place of the state probe's tp_btf rung; not a
@@ -61,6 +58,10 @@ fn rung_hooks(metric: &str, hook: &str) -> Option<&'static [&'static str]> {
         ("unix_queue", "data-ready") => &["tracepoint:sock:sk_data_ready"],
         // The connect and accept tracepoints, already among ALWAYS.
         ("unix_queue", "syscalls") => &[],
+        // TCP's end is the state probe's; unix's needs the close (and
+        // sched_process_exit, already among ALWAYS).
+        ("service", "tcp-only") => &[],
+        ("service", "close") => &["tracepoint:syscalls:sys_enter_close"],
         _ => return None,
     })
 }
@@ -72,7 +73,7 @@ pub fn hooks(summary: &Value) -> Result<Vec<&'static str>> {
         .as_array()
         .context("stackprobe's summary has no hooks[]")?;
     let mut hooks = ALWAYS.to_vec();
-    for metric in ["fork", "accept_queue", "unix_queue", "tcp_state"] {
+    for metric in ["fork", "accept_queue", "unix_queue", "service", "tcp_state"] {
         let hook = rungs
             .iter()
             .find(|r| r["metric"] == metric)
@@ -185,6 +186,7 @@ mod tests {
             {"metric": "fork", "hook": fork, "description": ""},
             {"metric": "accept_queue", "hook": queue, "description": ""},
             {"metric": "unix_queue", "hook": "data-ready", "description": ""},
+            {"metric": "service", "hook": "close", "description": ""},
             {"metric": "tcp_state", "hook": state, "description": ""},
         ]})
     }

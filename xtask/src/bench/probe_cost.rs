@@ -42,9 +42,11 @@ pub struct Workload {
 pub const ACCEPT: Workload = Workload {
     name: "accept",
     command: |n| (format!("accept {n} tcp accept4"), format!("accepted {n}")),
-    // The server closes each connection it accepted (the service's end),
-    // and every segment on the host passes sk_data_ready (the unix queue's
-    // rung, which keeps only unix listeners).
+    // With the opt-in hooks on (see `stackprobe`): the server's close of
+    // each TCP connection it accepted passes the unix service's close probe
+    // (whose service ended at the FIN), and every segment on the host
+    // sk_data_ready (the unix queue's exact rung, which keeps only unix
+    // listeners).
     programs: &["accept_enter", "accept_exit", "service_close", "unix_data_ready"],
     bpftrace: "tracepoint:syscalls:sys_enter_accept4 /pid == PID/ { @start[tid] = nsecs; }
 tracepoint:syscalls:sys_exit_accept4 /@start[tid]/ { if (args->ret >= 0) { @ns = hist(nsecs - @start[tid]); } delete(@start[tid]); }",
@@ -251,6 +253,10 @@ fn stackprobe(w: &Workload, n: u64) -> Result<Cost> {
             "--pid",
             &server.pid.to_string(),
             "--probe-cost",
+            // The opt-in hooks too, so that the table has every program.
+            "--unix-service-time",
+            "--unix-queue-hook",
+            "data-ready",
             "--json",
             "--interval",
             "10m",
