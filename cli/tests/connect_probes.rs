@@ -19,7 +19,7 @@ fn connects(report: &Value, name: &str) -> Vec<(String, u64, u64, u64)> {
         .map(|c| {
             (
                 c["destination"].as_str().unwrap().to_string(),
-                c["latency"]["total"].as_u64().unwrap(),
+                c["connect"]["total"].as_u64().unwrap(),
                 c["refused"]["total"].as_u64().unwrap(),
                 c["failed"]["total"].as_u64().unwrap(),
             )

@@ -10,7 +10,7 @@ mod support;
 
 use std::process::Command;
 
-use stackprobe_model::{histogram::LatencyHistogram, measure::Latency};
+use stackprobe_model::{histogram::LatencyHistogram, measure::Latency, process::Span};
 use stackprobe_probes::{Options, rungs::UnixQueueRung};
 use support::*;
 
@@ -132,7 +132,35 @@ fn check_pool(s: &mut Session, mut server: Server, kind: &str, watch_client: boo
     );
     assert_eq!(s.accepts(server.pid), CLIENTS, "{what}");
     assert_service(s, server.pid, &what);
+    if kind == "tcp" && watch_client {
+        assert_held(s, &server.tcp, &served, &what);
+    }
     server.stop();
+}
+
+/// The watched client's connections to `destination`, each held from its
+/// SYN through its queue wait and its service to the client's close after
+/// the server's byte: at least [`SERVICE_MS`], at most the longest wait
+/// plus the service and the same slack as the service's.
+fn assert_held(s: &Session, destination: &str, served: &Served, what: &str) {
+    let held: Vec<_> = s
+        .collector
+        .table()
+        .roles(Span::Whole)
+        .into_values()
+        .filter_map(|(_, a)| a.connects.get(destination).cloned())
+        .collect();
+    let [c] = held.as_slice() else {
+        panic!("{what}: one role connected to {destination}: {held:?}");
+    };
+    let held = c.latency[Latency::Held].total.summary();
+    assert_eq!(held.count, CLIENTS, "{what}: {held:?}");
+    let service = SERVICE_MS * 1_000_000;
+    assert!(
+        held.min_ns >= service && held.max_ns <= served.waits_max + service + 20_000_000,
+        "{what}: held {held:?}, the server's longest wait {} ns",
+        served.waits_max
+    );
 }
 
 /// With `--unix-service-time`'s close and exit probes.

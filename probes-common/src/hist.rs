@@ -67,13 +67,16 @@ pub enum HistMetric {
     /// A unix connect a full listener queue refused (EAGAIN): only its
     /// count matters.
     ConnectLost = 11,
-    /// How long a server held a connection it accepted: accept to last
-    /// close (see [`crate::service`]).
+    /// How long a server held a connection it accepted: accept to its end
+    /// (see [`crate::service`]).
     Service = 12,
+    /// How long a client held a TCP connection it opened: its SYN to its
+    /// first FIN or a reset, by destination.
+    Held = 13,
 }
 
 impl HistMetric {
-    pub const ALL: [HistMetric; 13] = [
+    pub const ALL: [HistMetric; 14] = [
         Self::Accept,
         Self::AcceptQueue,
         Self::Fork,
@@ -87,6 +90,7 @@ impl HistMetric {
         Self::AcceptEmpty,
         Self::ConnectLost,
         Self::Service,
+        Self::Held,
     ];
 
     /// The metric a clone's sample goes under: a failed clone (`ret` a
@@ -107,7 +111,11 @@ impl HistMetric {
     pub fn is_connect(self) -> bool {
         matches!(
             self,
-            Self::Connect | Self::ConnectRefused | Self::ConnectFailed | Self::ConnectLost
+            Self::Connect
+                | Self::ConnectRefused
+                | Self::ConnectFailed
+                | Self::ConnectLost
+                | Self::Held
         )
     }
 

@@ -23,7 +23,7 @@ use probes_common::{
     service::{
         BUSY_MAX_ENTRIES, Busy, EXIT_SCAN_FDS, SERVICES_MAX_ENTRIES, Service, UNIX_HELD_MAX_ENTRIES,
     },
-    sock::TrackedSocket,
+    sock::{SIDE_ACTIVE, TrackedSocket},
 };
 
 use crate::{atomic, clock::now, fds, hist, memory, watch_set::is_watched};
@@ -293,27 +293,67 @@ fn finish(service: &Service, at: u64, nested: bool) {
     release(service, Some(at));
 }
 
-/// The TCP socket `sk` (its record `tracked`, if followed) sent its first
-/// FIN (its close or shutdown) or was reset: its service, if it is an
-/// accepted connection, ends.
+/// The watched client `owner`'s TCP connection, whose record is `p`, was
+/// answered; it sent its SYN at `at`: it is held from then until its end.
 #[inline(always)]
-pub fn tcp_ended(sk: u64, tracked: Option<NonNull<TrackedSocket>>, nested: bool) {
+pub fn connected(p: NonNull<TrackedSocket>, owner: u32, at: u64) {
+    let p = p.as_ptr();
+    // SAFETY: see tracked::get.
+    unsafe {
+        (*p).since_ns = at;
+        (*p).served_tgid = owner;
+    }
+}
+
+/// The TCP socket `sk` (its record `tracked`, if followed) sent its first
+/// FIN (its close or shutdown) or was reset: the service of an accepted
+/// connection ends, and a client's hold on one it opened. `nested`: in
+/// the state probe's nested copy, whose samples keep apart: a listener's
+/// under LISTENER_NESTED, a destination's under the path
+/// `destination_path` gives it.
+#[inline(always)]
+pub fn tcp_ended(
+    sk: u64,
+    tracked: Option<NonNull<TrackedSocket>>,
+    nested: bool,
+    destination_path: impl Fn(u64) -> u64,
+) {
     if let Some(p) = tracked {
         let p = p.as_ptr();
         // SAFETY: see tracked::get; the first to clear `served_tgid` ends
-        // the service.
-        let service = unsafe {
+        // the service, or the hold.
+        let (tgid, start) = unsafe {
             let tgid = core::mem::replace(&mut (*p).served_tgid, 0);
-            (tgid != 0).then(|| Service {
-                start_ns: core::mem::replace(&mut (*p).since_ns, 0),
-                tgid,
-                listener: (*p).served_listener,
-                server: (*p).served_server,
-                unix_fd: 0,
-            })
+            (tgid, core::mem::replace(&mut (*p).since_ns, 0))
         };
-        if let Some(service) = service {
-            finish(&service, now(), nested);
+        if tgid != 0 {
+            // SAFETY: as above.
+            let (side, destination, listener, server) = unsafe {
+                (
+                    (*p).side,
+                    (*p).destination,
+                    (*p).served_listener,
+                    (*p).served_server,
+                )
+            };
+            let at = now();
+            if side == SIDE_ACTIVE {
+                hist::record(
+                    tgid,
+                    HistMetric::Held,
+                    destination_path(destination),
+                    at.saturating_sub(start),
+                );
+            } else {
+                let service = Service {
+                    start_ns: start,
+                    tgid,
+                    listener,
+                    server,
+                    unix_fd: 0,
+                };
+                finish(&service, at, nested);
+            }
             return;
         }
     }

@@ -69,8 +69,8 @@ fn closer(in_owner: bool, tgid: u32, owner: u32) -> u32 {
     if in_owner { tgid } else { owner }
 }
 
-/// The end of an accepted connection's service (see services): its
-/// server's first FIN, or a reset before it.
+/// The end of an accepted connection's service, or of a client's hold on
+/// one it opened (see services): its first FIN, or a reset before it.
 #[inline(always)]
 fn ends_service(old: u8, new: u8) -> bool {
     matches!(
@@ -346,7 +346,9 @@ fn on_change(
     // watched listener.
     let tracked = tracked_record(sk, old);
     if ends_service(old, new) {
-        services::tcp_ended(sk, tracked, instance == Instance::Nested);
+        services::tcp_ended(sk, tracked, instance == Instance::Nested, |d| {
+            instance.hist_path(d)
+        });
     }
     let arriving = is_arriving(old, new);
     if tracked.is_none() && !in_owner && !arriving {
@@ -612,6 +614,7 @@ fn connected(sk: u64, instance: Instance) {
             instance.hist_path(destination),
             now().saturating_sub(at),
         );
+        services::connected(p, owner, at);
     }
 }
 

@@ -248,7 +248,7 @@ fn php_connects_by_path(s: &Value) -> ((u64, u64), (u64, u64)) {
     let (mut tcp, mut unix) = ((0, 0), (0, 0));
     for r in roles(s, "php-fpm") {
         for c in r["connects"].as_array().unwrap() {
-            let ok = c["latency"]["total"].as_u64().unwrap();
+            let ok = c["connect"]["total"].as_u64().unwrap();
             let failed =
                 c["refused"]["total"].as_u64().unwrap() + c["failed"]["total"].as_u64().unwrap();
             let sum = match c["destination"].as_str().unwrap() {

@@ -239,12 +239,13 @@ fn path_comparison(p: &PathComparison) -> Option<String> {
     } else {
         return None;
     };
-    // A unix connection's wait in the accept queue is not measured: said,
-    // never compared.
-    let queue = if tcp.accept_queue.count > 0 {
+    // The queue waits only where both paths have them (a unix listener's
+    // starts only once its owner is seen).
+    let queue = if tcp.accept_queue.count > 0 && unix.accept_queue.count > 0 {
         format!(
-            " (accept-queue wait, measured for TCP only: {} p50)",
-            duration(tcp.accept_queue.p50_ns)
+            " (accept-queue wait {} vs {} p50)",
+            duration(fast.accept_queue.p50_ns),
+            duration(slow.accept_queue.p50_ns)
         )
     } else {
         String::new()

@@ -138,7 +138,7 @@ registry! {
             unit: "ns",
             label: "service time",
             short: "service",
-            help: "How long the server held each connection it accepted: from accept() returning it to the close of its last reference, or the exit of the process holding it (a request's service time where each request has a connection of its own; a connection's lifetime with keepalive or pooling).",
+            help: "How long the server held each connection it accepted, from accept() returning it: TCP to the server's first FIN (its close or shutdown) or a reset; unix (with --unix-service-time) to the close of its last reference, or the exit of the process holding it. A request's service time where each request has a connection of its own; a connection's lifetime with keepalive or pooling.",
             per: Per::Listener,
             kernel: Some(HistMetric::Service),
         },
@@ -177,6 +177,15 @@ registry! {
             help: "Latency of successful connects: TCP from the SYN to ESTABLISHED, unix the connect() call.",
             per: Per::Destination,
             kernel: Some(HistMetric::Connect),
+        },
+        Held => Decl {
+            name: "held",
+            unit: "ns",
+            label: "connection held",
+            short: "held",
+            help: "How long the client held each TCP connection it opened, from its SYN to its first FIN (its close or shutdown) or a reset: a request's time at the next hop where each request opens a connection of its own; a pooled connection's lifetime otherwise. Unix connections are not followed to their close.",
+            per: Per::Destination,
+            kernel: Some(HistMetric::Held),
         },
     }
 }
@@ -258,31 +267,37 @@ pub fn names() -> impl Iterator<Item = &'static str> {
         .chain(COUNTS.iter().map(|(_, d)| d.name))
 }
 
-/// The latencies kept per listening socket ([`Per::Listener`]); in JSON
-/// only those are fields.
+/// The latencies kept apart per listening socket or per destination
+/// (`PER`, a [`Per`] as u8: see the aliases); in JSON only those are
+/// fields.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ListenerLatencies<T>(pub Latencies<T>);
+pub struct Kept<T, const PER: u8>(pub Latencies<T>);
 
-impl<T> ListenerLatencies<T> {
+/// The latencies kept per listening socket ([`Per::Listener`]).
+pub type ListenerLatencies<T> = Kept<T, { Per::Listener as u8 }>;
+/// The latencies kept per connect destination ([`Per::Destination`]).
+pub type DestinationLatencies<T> = Kept<T, { Per::Destination as u8 }>;
+
+impl<T, const PER: u8> Kept<T, PER> {
     pub fn iter(&self) -> impl Iterator<Item = (Latency, &T)> {
-        self.0.iter().filter(|(l, _)| l.decl().per == Per::Listener)
+        self.0.iter().filter(|(l, _)| l.decl().per as u8 == PER)
     }
 }
 
-impl<T> Index<Latency> for ListenerLatencies<T> {
+impl<T, const PER: u8> Index<Latency> for Kept<T, PER> {
     type Output = T;
     fn index(&self, m: Latency) -> &T {
         &self.0[m]
     }
 }
 
-impl<T: Serialize> Serialize for ListenerLatencies<T> {
+impl<T: Serialize, const PER: u8> Serialize for Kept<T, PER> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_map(self.iter().map(|(m, v)| (m.name(), v)))
     }
 }
 
-/// A count kept per connect destination (beside its [`Latency::Connect`]).
+/// A count kept per connect destination (beside its latencies).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DestinationCount {
     Refused,

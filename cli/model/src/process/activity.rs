@@ -97,8 +97,8 @@ pub struct Activity {
 /// What one destination's connects measured.
 #[derive(Clone, Debug, Default)]
 pub struct ConnectActivity {
-    /// Successful connects: TCP, SYN to ESTABLISHED; unix, the syscall.
-    pub latency: Metric,
+    /// The latencies declared [`Per::Destination`] (connect, held).
+    pub latency: Latencies<Metric>,
     /// Connects refused (ECONNREFUSED).
     pub refused: Counter,
     /// Connects that failed otherwise.
@@ -109,21 +109,25 @@ pub struct ConnectActivity {
 
 impl ConnectActivity {
     fn add(&mut self, other: &ConnectActivity, span: Span) {
-        self.latency.add(&other.latency, span);
+        for (l, m) in self.latency.iter_mut() {
+            m.add(&other.latency[l], span);
+        }
         self.refused.add_counter(&other.refused);
         self.failed.add_counter(&other.failed);
         self.lost.add_counter(&other.lost);
     }
 
     fn reset_interval(&mut self) {
-        self.latency.reset_interval();
+        for (_, m) in self.latency.iter_mut() {
+            m.reset_interval();
+        }
         self.refused.interval = 0;
         self.failed.interval = 0;
         self.lost.interval = 0;
     }
 
     pub fn is_empty(&self) -> bool {
-        self.latency.total.is_empty()
+        self.latency.iter().all(|(_, m)| m.total.is_empty())
             && self.refused.total == 0
             && self.failed.total == 0
             && self.lost.total == 0
@@ -236,7 +240,9 @@ impl Activity {
                     // beyond the accept itself counts for the role only.
                     Per::Listener if d.path.is_none() && l != Latency::Accept => {}
                     Per::Listener => self.listener(listener()).latency[l].record_kernel(d),
-                    Per::Destination => self.destination(destination()).latency.record_kernel(d),
+                    Per::Destination => {
+                        self.destination(destination()).latency[l].record_kernel(d);
+                    }
                 }
             }
             Feeds::Count(c) => self.counts[c].add(d.count),

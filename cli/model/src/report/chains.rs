@@ -128,7 +128,7 @@ struct Link {
 fn links_from(roles: &[RoleRow], from: usize) -> Vec<Link> {
     let mut out: Vec<Link> = Vec::new();
     for c in &roles[from].connects {
-        if c.latency.total == 0 {
+        if c.connects().total == 0 {
             continue;
         }
         for (to, server) in roles.iter().enumerate() {
@@ -149,9 +149,9 @@ fn links_from(roles: &[RoleRow], from: usize) -> Vec<Link> {
                 }
             };
             link.via.push(c.destination.clone());
-            link.connects += c.latency.latency.count;
-            link.total += c.latency.total;
-            link.latencies.push(c.latency.latency);
+            link.connects += c.connects().latency.count;
+            link.total += c.connects().total;
+            link.latencies.push(c.connects().latency);
         }
     }
     out.sort_by(|a, b| {

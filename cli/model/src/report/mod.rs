@@ -51,7 +51,7 @@ pub enum ReportKind {
 
 /// The `--json` schema: bumped when a field changes meaning or goes away
 /// (new fields may appear without a bump).
-pub const SCHEMA: &str = "stackprobe.watch/4";
+pub const SCHEMA: &str = "stackprobe.watch/5";
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {

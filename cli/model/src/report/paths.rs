@@ -47,7 +47,7 @@ pub(super) fn compare_paths(roles: &[RoleRow]) -> Vec<PathComparison> {
     };
     let numbers = |c: &ConnectRow, l: &ListenerLatencyRow| PathNumbers {
         destination: c.destination.clone(),
-        connect: c.latency.latency,
+        connect: c.connects().latency,
         refused: c.refused.count,
         failed: c.failed.count,
         accept: l.latency[Latency::Accept].latency,
@@ -148,7 +148,7 @@ mod tests {
                 (
                     c.destination.as_str(),
                     c.path,
-                    c.latency.total,
+                    c.connects().total,
                     c.refused.total,
                 )
             })

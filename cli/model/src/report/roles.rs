@@ -8,7 +8,7 @@ use super::{CountRow, ListenerRow, MetricRow, Period, Report, path_kind};
 use crate::{
     busy::BusyRow,
     containers,
-    measure::{Count, Counts, Latencies, Latency, ListenerLatencies},
+    measure::{Count, Counts, DestinationLatencies, Kept, Latencies, Latency, ListenerLatencies},
     process::{Activity, ProcessTable, Span},
     tcp::sockets::netns_suffix,
 };
@@ -53,10 +53,13 @@ pub struct ConnectRow {
     pub destination: String,
     /// `tcp` or `unix`.
     pub path: &'static str,
-    /// Successful connects: TCP, from the SYN to ESTABLISHED (the
-    /// handshake, which a non-blocking connect does not wait for); unix,
-    /// the connect() call.
-    pub latency: MetricRow,
+    /// The latencies declared [`Per::Destination`](crate::measure::Per):
+    /// `connect`, successful connects (TCP, from the SYN to ESTABLISHED,
+    /// the handshake, which a non-blocking connect does not wait for;
+    /// unix, the connect() call), and `held`, how long each TCP
+    /// connection stayed open.
+    #[serde(flatten)]
+    pub latency: DestinationLatencies<MetricRow>,
     /// Refused: a reset answering the SYN, or a unix socket nobody listens on.
     pub refused: CountRow,
     /// Failed otherwise: timed out, unreachable, no such socket file, or
@@ -65,6 +68,13 @@ pub struct ConnectRow {
     /// Unix connects a full listener queue refused (EAGAIN): lost at the
     /// queue.
     pub lost: CountRow,
+}
+
+impl ConnectRow {
+    /// The successful connects.
+    pub fn connects(&self) -> &MetricRow {
+        &self.latency[Latency::Connect]
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -102,7 +112,7 @@ impl RoleRow {
             && self.latency.iter().all(|(_, m)| m.latency.count == 0)
             && self.counts.iter().all(|(_, c)| c.count == 0)
             && self.connects.iter().all(|c| {
-                c.latency.latency.count + c.refused.count + c.failed.count + c.lost.count == 0
+                c.connects().latency.count + c.refused.count + c.failed.count + c.lost.count == 0
             })
     }
 }
@@ -152,13 +162,14 @@ fn connect_rows(p: &Period, a: &Activity) -> Vec<ConnectRow> {
         .map(|(name, c)| ConnectRow {
             path: path_kind(name),
             destination: name.clone(),
-            latency: p.metric(&c.latency),
+            latency: Kept(c.latency.map(|m| p.metric(m))),
             refused: p.count(&c.refused),
             failed: p.count(&c.failed),
             lost: p.count(&c.lost),
         })
         .collect();
-    let tried = |r: &ConnectRow| r.latency.total + r.refused.total + r.failed.total + r.lost.total;
+    let tried =
+        |r: &ConnectRow| r.connects().total + r.refused.total + r.failed.total + r.lost.total;
     rows.sort_by(|a, b| {
         tried(b)
             .cmp(&tried(a))
@@ -275,7 +286,7 @@ fn listener_rows(p: &Period, a: &Activity) -> Vec<ListenerLatencyRow> {
         .iter()
         .map(|(name, l)| ListenerLatencyRow {
             listener: name.clone(),
-            latency: ListenerLatencies(l.latency.map(|m| p.metric(m))),
+            latency: Kept(l.latency.map(|m| p.metric(m))),
             backlog: None,
             max_backlog: None,
             lost: None,

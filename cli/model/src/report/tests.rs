@@ -217,7 +217,7 @@ fn json_field_names_are_the_documented_ones() {
         Drops::default(),
     );
     let v = serde_json::to_value(&r).unwrap();
-    assert_eq!(v["schema"], "stackprobe.watch/4");
+    assert_eq!(v["schema"], "stackprobe.watch/5");
     assert_eq!(v["type"], "summary");
     assert_eq!(v["drops"], 0);
     assert_eq!(v["processes"][0]["metric"], "accept_latency");

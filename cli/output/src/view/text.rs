@@ -238,14 +238,15 @@ fn listener_lines(r: &RoleRow) -> String {
 fn connect_lines(r: &RoleRow) -> String {
     let mut out = String::new();
     for c in &r.connects {
-        let tried = c.latency.latency.count + c.refused.count + c.failed.count + c.lost.count;
+        let connects = c.connects();
+        let tried = connects.latency.count + c.refused.count + c.failed.count + c.lost.count;
         if tried == 0 {
             continue;
         }
         let _ = write!(
             out,
             "  connect to {} ({})  {} ({:.1}/s)",
-            c.destination, c.path, c.latency.latency.count, c.latency.rate_per_s
+            c.destination, c.path, connects.latency.count, connects.rate_per_s
         );
         if c.refused.total > 0 {
             let _ = write!(out, "  refused {}", c.refused.count);
@@ -257,12 +258,12 @@ fn connect_lines(r: &RoleRow) -> String {
             let _ = write!(out, "  lost at a full queue {}", c.lost.count);
         }
         out.push('\n');
-        if c.latency.latency.count > 0 {
+        for (l, m) in c.latency.iter().filter(|(_, m)| m.latency.count > 0) {
             let _ = writeln!(
                 out,
                 "    {:<15} {}",
-                Latency::Connect.decl().label,
-                percentile_line(&c.latency.latency)
+                l.decl().label,
+                percentile_line(&m.latency)
             );
         }
     }

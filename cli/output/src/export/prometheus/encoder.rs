@@ -9,14 +9,15 @@ use std::{
 use prometheus_client::{
     collector::Collector,
     encoding::{
-        DescriptorEncoder, EncodeMetric, MetricEncoder, NativeHistogram, NativeHistogramBuckets,
+        DescriptorEncoder, EncodeLabelSet, EncodeMetric, MetricEncoder, NativeHistogram,
+        NativeHistogramBuckets,
     },
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
 };
 
 use stackprobe_model::{
     containers,
-    measure::{COUNTS, LATENCIES, Per},
+    measure::{COUNTS, LATENCIES, Latency, Per},
     report,
 };
 
@@ -102,11 +103,30 @@ fn connects(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Er
         None,
         MetricType::Histogram,
     )?;
-    for h in &s.connects {
+    let connect = Latency::Connect.name();
+    for h in s.connects.iter().filter(|h| h.metric == connect) {
         let [role, container] = role_labels(&h.role);
         let labels = [
             role,
             container,
+            ("destination", h.path.as_str()),
+            ("path", report::path_kind(&h.path)),
+        ];
+        encode_histogram(&mut family, &labels, h)?;
+    }
+    drop(family);
+    let mut family = encoder.encode_descriptor(
+        "stackprobe_destination_latency_seconds",
+        "The other latencies kept per role and destination since stackprobe started, by metric: held, how long each TCP connection the role opened stayed open (its SYN to its first FIN or a reset)",
+        None,
+        MetricType::Histogram,
+    )?;
+    for h in s.connects.iter().filter(|h| h.metric != connect) {
+        let [role, container] = role_labels(&h.role);
+        let labels = [
+            role,
+            container,
+            ("metric", h.metric),
             ("destination", h.path.as_str()),
             ("path", report::path_kind(&h.path)),
         ];
@@ -329,7 +349,7 @@ fn own_cost(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), fmt::Er
 /// One histogram sample, classic buckets and native ones, under `labels`.
 fn encode_histogram(
     family: &mut MetricEncoder,
-    labels: &[(&str, &str); 4],
+    labels: &impl EncodeLabelSet,
     h: &HistogramSample,
 ) -> Result<(), fmt::Error> {
     let native = NativeHistogram {

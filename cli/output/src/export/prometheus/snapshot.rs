@@ -186,12 +186,12 @@ impl Snapshot {
     /// The role's connects per destination, and those that failed.
     fn add_connects(&mut self, role: &str, activity: &Activity) {
         for (destination, c) in &activity.connects {
-            self.connects.extend(HistogramSample::of(
-                role,
-                "connect",
-                destination,
-                &c.latency,
-            ));
+            for (l, m) in c.latency.iter() {
+                if l.decl().per == Per::Destination {
+                    self.connects
+                        .extend(HistogramSample::of(role, l.name(), destination, m));
+                }
+            }
             if c.refused.total + c.failed.total + c.lost.total > 0 {
                 self.connect_failures.push((
                     role.to_string(),

@@ -81,7 +81,12 @@ fn latency_rows(r: &RoleRow) -> Vec<(String, &Summary)> {
         } else {
             format!("connect {}", c.destination)
         };
-        rows.push((label, &c.latency.latency));
+        rows.push((label, &c.connects().latency));
+        for (l, m) in c.latency.iter() {
+            if l != Latency::Connect && m.total > 0 {
+                rows.push((format!("  {}", l.decl().short), &m.latency));
+            }
+        }
     }
     rows
 }
