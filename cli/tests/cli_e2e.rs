@@ -55,13 +55,15 @@ fn json_mode_counts_a_servers_accepts_and_ctrl_c_leaves_nothing_loaded() {
         .iter()
         .map(|h| (h["metric"].as_str().unwrap(), h["hook"].as_str().unwrap()))
         .collect();
-    // State changes come from the BTF tracepoint, which this host has.
+    // State changes come from the BTF tracepoint, which this host has; the
+    // unix queue and service take their default, cheapest rungs.
     assert_eq!(
         hooks,
         [
             ("fork", "tracepoint"),
             ("accept_queue", "fd-walk"),
-            ("unix_queue", "data-ready"),
+            ("unix_queue", "syscalls"),
+            ("service", "tcp-only"),
             ("tcp_state", "tp_btf")
         ]
     );

@@ -311,7 +311,9 @@ pub fn connected(p: NonNull<TrackedSocket>, owner: u32, at: u64) {
 /// the state probe's nested copy, whose samples keep apart: a listener's
 /// under LISTENER_NESTED, a destination's under the path
 /// `destination_path` gives it.
-#[inline(always)]
+// A call of its own: inlined, its branches multiplied the state probe's
+// paths past the 1M instructions 6.1's verifier explores.
+#[inline(never)]
 pub fn tcp_ended(
     sk: u64,
     tracked: Option<NonNull<TrackedSocket>>,
