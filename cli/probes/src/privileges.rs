@@ -56,13 +56,21 @@ pub fn drop_unneeded() -> Result<()> {
 }
 
 /// Runs `f` with [`ENTER_NAMESPACES`] effective on this thread, and only
-/// for that long.
+/// for that long: dropped again after if it was not effective before (a
+/// thread that has not loaded the probes yet keeps it, to mount tracefs).
 pub fn entering_namespaces<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
-    caps::raise(None, CapSet::Effective, ENTER_NAMESPACES)
-        .context("CAP_SYS_ADMIN, which entering a network namespace needs, is not permitted")?;
+    let had = caps::has_cap(None, CapSet::Effective, ENTER_NAMESPACES)
+        .context("reading this thread's capabilities")?;
+    if !had {
+        caps::raise(None, CapSet::Effective, ENTER_NAMESPACES).context(
+            "CAP_SYS_ADMIN, which entering a network namespace needs, is not permitted",
+        )?;
+    }
     let result = f();
-    caps::drop(None, CapSet::Effective, ENTER_NAMESPACES)
-        .context("dropping CAP_SYS_ADMIN after entering a network namespace")?;
+    if !had {
+        caps::drop(None, CapSet::Effective, ENTER_NAMESPACES)
+            .context("dropping CAP_SYS_ADMIN after entering a network namespace")?;
+    }
     result
 }
 
