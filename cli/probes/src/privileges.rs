@@ -62,9 +62,8 @@ pub fn entering_namespaces<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     let had = caps::has_cap(None, CapSet::Effective, ENTER_NAMESPACES)
         .context("reading this thread's capabilities")?;
     if !had {
-        caps::raise(None, CapSet::Effective, ENTER_NAMESPACES).context(
-            "CAP_SYS_ADMIN, which entering a network namespace needs, is not permitted",
-        )?;
+        caps::raise(None, CapSet::Effective, ENTER_NAMESPACES)
+            .context("CAP_SYS_ADMIN, which entering a network namespace needs, is not permitted")?;
     }
     let result = f();
     if !had {
