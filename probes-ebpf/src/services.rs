@@ -26,7 +26,7 @@ use probes_common::{
     sock::{SIDE_ACTIVE, TrackedSocket},
 };
 
-use crate::{atomic, clock::now, fds, hist, memory, watch_set::is_watched};
+use crate::{atomic, clock::now, fds, hist, memory, tracked, watch_set::is_watched};
 
 #[map]
 static SERVICES: HashMap<u64, Service> = HashMap::with_max_entries(SERVICES_MAX_ENTRIES, 0);
@@ -305,7 +305,7 @@ pub fn connected(p: NonNull<TrackedSocket>, owner: u32, at: u64) {
     }
 }
 
-/// The TCP socket `sk` (its record `tracked`, if followed) sent its first
+/// The TCP socket `sk` (its tracked record, if followed) sent its first
 /// FIN (its close or shutdown) or was reset: the service of an accepted
 /// connection ends, and a client's hold on one it opened. `nested`: in
 /// the state probe's nested copy, whose samples keep apart: a listener's
@@ -314,13 +314,8 @@ pub fn connected(p: NonNull<TrackedSocket>, owner: u32, at: u64) {
 // A call of its own: inlined, its branches multiplied the state probe's
 // paths past the 1M instructions 6.1's verifier explores.
 #[inline(never)]
-pub fn tcp_ended(
-    sk: u64,
-    tracked: Option<NonNull<TrackedSocket>>,
-    nested: bool,
-    destination_path: impl Fn(u64) -> u64,
-) {
-    if let Some(p) = tracked {
+pub fn tcp_ended(sk: u64, nested: bool, destination_path: impl Fn(u64) -> u64) {
+    if let Some(p) = tracked::get(sk) {
         let p = p.as_ptr();
         // SAFETY: see tracked::get; the first to clear `served_tgid` ends
         // the service, or the hold.

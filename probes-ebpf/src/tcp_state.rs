@@ -326,6 +326,11 @@ fn on_change(
     instance: Instance,
     is_tcp: impl FnOnce() -> bool,
 ) {
+    if ends_service(old, new) {
+        // First, with nothing of this function's live yet: the call's paths
+        // then do not multiply the rest's for the verifier.
+        services::tcp_ended(sk, instance == Instance::Nested, |d| instance.hist_path(d));
+    }
     if old == TCP_SYN_SENT && new == TCP_ESTABLISHED {
         connected(sk, instance);
         return;
@@ -345,11 +350,6 @@ fn on_change(
     // owner's own syscalls, the caller's; else a connection arriving at a
     // watched listener.
     let tracked = tracked_record(sk, old);
-    if ends_service(old, new) {
-        services::tcp_ended(sk, tracked, instance == Instance::Nested, |d| {
-            instance.hist_path(d)
-        });
-    }
     let arriving = is_arriving(old, new);
     if tracked.is_none() && !in_owner && !arriving {
         return;
