@@ -55,7 +55,7 @@ const UNIX: u32 = 1;
 static UNIX_HELD: LruHashMap<u64, u64> = LruHashMap::with_max_entries(UNIX_HELD_MAX_ENTRIES, 0);
 
 // SAFETY: no other symbol has this name; userspace sets the global by it.
-// 1 when the close and exit probes are attached (`--unix-service`): only
+// 1 when the close and exit probes are attached (`--unix-service-time`): only
 // then does a unix accept start a service, which only they can end.
 #[unsafe(no_mangle)]
 static UNIX_SERVICES: Global<u32> = Global::new(0);
