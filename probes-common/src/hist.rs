@@ -73,10 +73,18 @@ pub enum HistMetric {
     /// How long a client held a TCP connection it opened: its SYN to its
     /// first FIN or a reset, by destination.
     Held = 13,
+    /// How long a watched thread was runnable before it ran (see
+    /// [`crate::run_queue`]).
+    RunQueue = 14,
+    /// How long a watched thread ran, from a switch-in to its switch-out.
+    OnCpu = 15,
+    /// A switch-out of a watched thread that was still runnable
+    /// (involuntary): only its count matters.
+    Preempted = 16,
 }
 
 impl HistMetric {
-    pub const ALL: [HistMetric; 14] = [
+    pub const ALL: [HistMetric; 17] = [
         Self::Accept,
         Self::AcceptQueue,
         Self::Fork,
@@ -91,6 +99,9 @@ impl HistMetric {
         Self::ConnectLost,
         Self::Service,
         Self::Held,
+        Self::RunQueue,
+        Self::OnCpu,
+        Self::Preempted,
     ];
 
     /// The metric a clone's sample goes under: a failed clone (`ret` a

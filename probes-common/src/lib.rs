@@ -13,6 +13,7 @@ pub mod hist;
 pub mod layout;
 pub mod lifecycle;
 pub mod offsets;
+pub mod run_queue;
 pub mod service;
 pub mod sock;
 pub mod stats;

@@ -187,6 +187,24 @@ registry! {
             per: Per::Destination,
             kernel: Some(HistMetric::Held),
         },
+        RunQueue => Decl {
+            name: "run_queue",
+            unit: "ns",
+            label: "run-queue wait",
+            short: "runq",
+            help: "Time the threads were runnable but waited for a CPU: from a wakeup, or from being preempted while still runnable, to running (the scheduler's run-queue latency).",
+            per: Per::Process,
+            kernel: Some(HistMetric::RunQueue),
+        },
+        OnCpu => Decl {
+            name: "on_cpu",
+            unit: "ns",
+            label: "on CPU",
+            short: "on cpu",
+            help: "Time the threads ran each time they got a CPU, from the switch-in to the switch-out: the sum is the CPU time of the slices that ended in the interval.",
+            per: Per::Process,
+            kernel: Some(HistMetric::OnCpu),
+        },
     }
 }
 
@@ -228,6 +246,15 @@ registry! {
             help: "Clone/fork calls that failed.",
             per: Per::Process,
             kernel: Some(HistMetric::ForkFailed),
+        },
+        Preempted => Decl {
+            name: "preempted",
+            unit: "switches",
+            label: "involuntary switches",
+            short: "preempted",
+            help: "Times a thread was switched out while still runnable (preempted: involuntary context switches).",
+            per: Per::Process,
+            kernel: Some(HistMetric::Preempted),
         },
         Execs => Decl {
             name: "execs",
