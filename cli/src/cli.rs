@@ -229,6 +229,13 @@ pub struct WatchArgs {
     #[arg(long)]
     pub unix_service_time: bool,
 
+    /// Also measure how long watched threads wait for a CPU (run-queue
+    /// latency), their time on it and how often they are preempted. Off by
+    /// default: it runs a program on every context switch on the host
+    /// (its cost: BENCHMARKS.md).
+    #[arg(long)]
+    pub run_queue: bool,
+
     /// Print what the kernel probes log about what only the kernel sees
     /// (slot collisions, full maps, the listeners connections are
     /// attributed to) to stderr, at debug level; RUST_LOG filters it (e.g.
@@ -259,6 +266,11 @@ pub struct AgentArgs {
     /// kernel's BPF run-time statistics, which add ~20 ns to every BPF run).
     #[arg(long)]
     pub probe_cost: bool,
+
+    /// Also serve run-queue latency, on-CPU time and preemptions (see
+    /// `watch --run-queue`).
+    #[arg(long)]
+    pub run_queue: bool,
 }
 
 impl AgentArgs {
@@ -281,6 +293,7 @@ impl AgentArgs {
             queue_hook: None,
             unix_queue_hook: None,
             unix_service_time: false,
+            run_queue: self.run_queue,
             log_probes: false,
             headless: true,
         }

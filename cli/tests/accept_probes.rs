@@ -310,6 +310,7 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
     let _lock = probe_lock();
     let s = Session::try_start(Options {
         unix_service: true,
+        run_queue: true,
         ..Options::default()
     })
     .unwrap();
@@ -318,6 +319,7 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
         ids.len(),
         PROGRAM_NAMES.len()
             + UNIX_SERVICE_PROGRAM_NAMES.len()
+            + probes_common::run_queue::PROGRAMS.len()
             + fork_program_names(s.collector.probes().fork_rung()).len()
             + queue_program_names(s.collector.probes().queue_rung()).len()
             + unix_queue_program_names(s.collector.probes().unix_queue_rung()).len()

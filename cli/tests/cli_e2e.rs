@@ -56,7 +56,8 @@ fn json_mode_counts_a_servers_accepts_and_ctrl_c_leaves_nothing_loaded() {
         .map(|h| (h["metric"].as_str().unwrap(), h["hook"].as_str().unwrap()))
         .collect();
     // State changes come from the BTF tracepoint, which this host has; the
-    // unix queue and service take their default, cheapest rungs.
+    // unix queue and service take their default, cheapest rungs, and the
+    // run queue is not measured unless asked for.
     assert_eq!(
         hooks,
         [
@@ -64,6 +65,7 @@ fn json_mode_counts_a_servers_accepts_and_ctrl_c_leaves_nothing_loaded() {
             ("accept_queue", "fd-walk"),
             ("unix_queue", "syscalls"),
             ("service", "tcp-only"),
+            ("run_queue", "off"),
             ("tcp_state", "tp_btf")
         ]
     );

@@ -14,6 +14,7 @@ mod attach_check;
 mod connect;
 mod data_ready;
 mod fork;
+mod run_queue;
 mod service_end;
 mod sock;
 mod tcp_state;

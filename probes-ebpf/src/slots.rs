@@ -3,7 +3,9 @@
 //! are read here by `sched_process_fork`, and a thread's exit frees its slots.
 
 use aya_ebpf::{Global, macros::map, maps::Array};
-use probes_common::{DEFAULT_SLOTS, accept::AcceptStart, connect::ConnectStart, fork::ForkStart};
+use probes_common::{
+    DEFAULT_SLOTS, accept::AcceptStart, connect::ConnectStart, fork::ForkStart, run_queue::RunSlot,
+};
 
 /// Slot count minus one, set by userspace from pid_max.
 // SAFETY: no other symbol has this name; userspace sets the global by it.
@@ -18,6 +20,9 @@ static CONNECT_START: Array<ConnectStart> = Array::with_max_entries(DEFAULT_SLOT
 
 #[map]
 static FORK_START: Array<ForkStart> = Array::with_max_entries(DEFAULT_SLOTS, 0);
+
+#[map]
+static RUN_SLOTS: Array<RunSlot> = Array::with_max_entries(DEFAULT_SLOTS, 0);
 
 /// The slot of thread `tid` in `map`.
 #[inline(always)]
@@ -56,6 +61,14 @@ pub fn connect_went_tcp(tid: u32) {
     {
         slot.start_ns = 0;
     }
+}
+
+/// Thread `tid`'s run-queue slot. Unlike the syscall slots it is written
+/// from other CPUs than the thread's own (its wakeup), but never at once:
+/// a wakeup waits for the thread to be off its CPU, past its switch-out.
+#[inline(always)]
+pub fn run(tid: u32) -> Option<&'static mut RunSlot> {
+    slot(&RUN_SLOTS, tid)
 }
 
 /// Thread `tid`'s clone slot.

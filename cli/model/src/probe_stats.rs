@@ -17,6 +17,7 @@ pub enum ProbeKind {
     Exit,
     TcpState,
     Connect,
+    RunQueue,
 }
 
 /// Samples or events lost, by what each probe records, since the start.
@@ -33,11 +34,20 @@ pub struct LostEvents {
     pub tcp_state: u64,
     /// Unix connects (or their enter half): not counted.
     pub connect: u64,
+    /// Wakeups and switches of watched threads: a wait not timed.
+    pub run_queue: u64,
 }
 
 impl LostEvents {
     pub fn total(&self) -> u64 {
-        self.accept + self.fork + self.spawn + self.exec + self.exit + self.tcp_state + self.connect
+        self.accept
+            + self.fork
+            + self.spawn
+            + self.exec
+            + self.exit
+            + self.tcp_state
+            + self.connect
+            + self.run_queue
     }
 
     /// The counter for what probes of `kind` record.
@@ -50,11 +60,12 @@ impl LostEvents {
             ProbeKind::Exit => &mut self.exit,
             ProbeKind::TcpState => &mut self.tcp_state,
             ProbeKind::Connect => &mut self.connect,
+            ProbeKind::RunQueue => &mut self.run_queue,
         }
     }
 
     /// Each kind by the name views use.
-    pub fn by_kind(&self) -> [(&'static str, u64); 7] {
+    pub fn by_kind(&self) -> [(&'static str, u64); 8] {
         [
             ("accept", self.accept),
             ("fork", self.fork),
@@ -63,6 +74,7 @@ impl LostEvents {
             ("exit", self.exit),
             ("tcp_state", self.tcp_state),
             ("connect", self.connect),
+            ("run_queue", self.run_queue),
         ]
     }
 }
@@ -224,6 +236,11 @@ impl ProgramCost {
 /// only TCP connections' service is followed (no `--unix-service-time`).
 pub const SERVICE_RUNG: &str = "service";
 pub const SERVICE_TCP_ONLY: &str = "tcp-only";
+/// The run-queue probe's entry in `hooks[]`: its BTF tracepoints, or off
+/// (not asked for).
+pub const RUN_QUEUE_METRIC: &str = "run_queue";
+pub const RUN_QUEUE_TP_BTF: &str = "tp_btf";
+pub const RUN_QUEUE_OFF: &str = "off";
 
 /// One rung of a hook ladder, as picked at load.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

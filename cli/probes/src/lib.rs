@@ -20,6 +20,7 @@ pub mod preflight;
 pub mod privileges;
 pub mod procfs;
 pub mod prog_info;
+pub mod run_queue;
 pub mod rungs;
 pub mod self_check;
 pub mod services;

@@ -25,7 +25,7 @@ use super::{
     connect, fork,
     hist::KernelHists,
     kernel_log::{self, KernelLog},
-    preflight, prog_info,
+    preflight, prog_info, run_queue,
     rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
     self_check, services, tcp,
     tracefs::Tracefs,
@@ -54,6 +54,10 @@ pub struct Options {
     /// Time unix connections' service and count their busy servers: a
     /// program on every close(2) on the host (see services).
     pub unix_service: bool,
+    /// Time watched threads' waits for a CPU, their slices on it and their
+    /// preemptions: a program on every context switch on the host (see
+    /// run_queue).
+    pub run_queue: bool,
     /// Print what the probes log about what only the kernel sees (see
     /// `kernel_log`) to stderr; off, the logging code is not even loaded.
     pub log_probes: bool,
@@ -68,6 +72,7 @@ pub struct Probes {
     queue_rung: QueueRung,
     unix_queue_rung: UnixQueueRung,
     unix_service: bool,
+    run_queue: bool,
     state_rung: StateRung,
     _stats: Option<OwnedFd>,
     // Last: it prints what the programs log until they are detached.
@@ -144,6 +149,9 @@ impl Probes {
         let unix_queue_rung = unix_queue::attach(&mut ebpf, &tracefs, options.unix_queue_rung)?;
         tcp::load(&mut ebpf, &btf)?;
         let state_rung = tcp::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
+        if options.run_queue {
+            run_queue::attach(&mut ebpf, &btf)?;
+        }
         // Nothing needs the kernel's BTF any more. Freed and handed back now,
         // before the self-check maps the ring (the kernel maps all its
         // pages at once, so they count as resident), the two do not add up.
@@ -161,6 +169,7 @@ impl Probes {
             queue_rung,
             unix_queue_rung,
             unix_service: options.unix_service,
+            run_queue: options.run_queue,
             state_rung,
             _stats: stats,
             _kernel_log: kernel_log,
@@ -191,6 +200,7 @@ impl Probes {
                 description: self.unix_queue_rung.describe(),
             },
             services::in_use(self.unix_service),
+            run_queue::in_use(self.run_queue),
             RungInUse {
                 metric: "tcp_state",
                 hook: self.state_rung.name(),
@@ -430,7 +440,7 @@ fn release_free_heap() {
 /// (struct member offsets and a function's signature), gathered at once so
 /// that parse is freed before aya parses its own.
 struct KernelFacts {
-    setups: [Setup; 7],
+    setups: [Setup; 8],
     fexit_program: Result<&'static str>,
     state_tp_btf: bool,
 }
@@ -447,6 +457,7 @@ impl KernelFacts {
                 connect::setup(tracefs, slots)?,
                 unix_queue::setup(tracefs, &btf)?,
                 services::setup(tracefs, &btf, unix_service)?,
+                run_queue::setup(&btf, slots)?,
             ],
             fexit_program: accept::fexit_program(&btf),
             state_tp_btf: tcp::tp_btf_readable(&btf),
@@ -487,6 +498,9 @@ fn probe_kind_of(name: &str) -> Option<ProbeKind> {
                 Some(ProbeKind::TcpState)
             }
             connect::ENTER_PROGRAM | connect::EXIT_PROGRAM => Some(ProbeKind::Connect),
+            probes_common::run_queue::WAKEUP_PROGRAM
+            | probes_common::run_queue::WAKEUP_NEW_PROGRAM
+            | probes_common::run_queue::SWITCH_PROGRAM => Some(ProbeKind::RunQueue),
             probes_common::unix::DATA_READY_PROGRAM
             | probes_common::service::CLOSE_PROGRAM
             | probes_common::service::EXIT_PROGRAM => Some(ProbeKind::Accept),
@@ -534,6 +548,13 @@ mod tests {
             (3, 5, 1, 1, 1, 1)
         );
         assert!(probe_kind_of("tcp_sockets").is_none());
+    }
+
+    #[test]
+    fn the_run_queue_programs_record_run_queue_samples() {
+        for name in probes_common::run_queue::PROGRAMS.map(|(p, _)| p) {
+            assert_eq!(probe_kind_of(name), Some(ProbeKind::RunQueue), "{name}");
+        }
     }
 
     #[test]

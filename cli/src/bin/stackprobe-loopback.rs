@@ -26,6 +26,10 @@
 //!   `threads N [RATE]`  start N threads that end at once (RATE per second);
 //!       replies `threads N` (`threads N in SECONDSs` with a rate)
 //!   `spawn-exec N`  fork N children that exec /bin/true; replies `execs N`
+//!   `workers N CPU|any`  start N threads, pinned to CPU (or not), that
+//!       wait for `work`; replies `workers TID…`
+//!   `work ROUNDS SPIN_US SLEEP_US`  each worker spins SPIN_US µs then
+//!       sleeps SLEEP_US µs, ROUNDS times, and waits again; replies `worked`
 //!   `exit`  exit (as does end of input)
 //!
 //! `stackprobe-loopback clients tcp|unix ADDR M` opens M connections at
@@ -126,6 +130,7 @@ fn serve(args: &[String]) -> Result<ExitCode> {
     }
     say("ready".into())?;
 
+    let mut workers = None;
     let stdin = io::stdin();
     for line in stdin.lock().lines() {
         let line = line.map_err(|e| e.to_string())?;
@@ -255,6 +260,27 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                     }
                 }
                 say(format!("execs {n}"))?;
+            }
+            ["workers", n, cpu] => {
+                let n: usize = n.parse().map_err(|e| format!("workers: {e}"))?;
+                let cpu = match *cpu {
+                    "any" => None,
+                    cpu => Some(cpu.parse().map_err(|e| format!("cpu: {e}"))?),
+                };
+                let started = Workers::start(n, cpu)?;
+                let tids: Vec<String> = started.tids.iter().map(ToString::to_string).collect();
+                workers = Some(started);
+                say(format!("workers {}", tids.join(" ")))?;
+            }
+            ["work", rounds, spin_us, sleep_us] => {
+                let parse = |v: &str| v.parse::<u64>().map_err(|e| format!("work: {e}"));
+                let order = Order {
+                    rounds: parse(rounds)?,
+                    spin_us: parse(spin_us)?,
+                    sleep_us: parse(sleep_us)?,
+                };
+                workers.as_ref().ok_or("no workers")?.run(order)?;
+                say("worked".into())?;
             }
             ["exit"] => break,
             [] => {}
@@ -428,6 +454,99 @@ fn threads(n: u64, rate: Option<f64>) -> Result<std::time::Duration> {
             .map_err(|_| "a thread panicked")?;
     }
     Ok(start.elapsed())
+}
+
+/// What each worker does for one `work` command.
+#[derive(Clone, Copy)]
+struct Order {
+    rounds: u64,
+    spin_us: u64,
+    sleep_us: u64,
+}
+
+/// Threads that sleep until given an [`Order`], for the run-queue tests:
+/// between orders every one of them is blocked, so the kernel's per-thread
+/// accounts hold still while a test reads them.
+struct Workers {
+    /// The order's number (each worker runs each number once) and the order.
+    orders: std::sync::Arc<(std::sync::Mutex<(u64, Order)>, std::sync::Condvar)>,
+    done: std::sync::mpsc::Receiver<()>,
+    tids: Vec<i32>,
+}
+
+impl Workers {
+    fn start(n: usize, cpu: Option<usize>) -> Result<Self> {
+        use std::sync::{Arc, Condvar, Mutex, mpsc};
+        let idle = Order {
+            rounds: 0,
+            spin_us: 0,
+            sleep_us: 0,
+        };
+        let orders = Arc::new((Mutex::new((0, idle)), Condvar::new()));
+        let (done_tx, done) = mpsc::channel();
+        let (tid_tx, tid_rx) = mpsc::channel();
+        for _ in 0..n {
+            let (orders, done_tx, tid_tx) = (orders.clone(), done_tx.clone(), tid_tx.clone());
+            std::thread::spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin_to(cpu);
+                }
+                // SAFETY: gettid has no preconditions.
+                let _ = tid_tx.send(unsafe { libc::gettid() });
+                let mut seen = 0;
+                loop {
+                    let order = {
+                        let (lock, wake) = &*orders;
+                        let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+                        let guard = wake
+                            .wait_while(guard, |(number, _)| *number == seen)
+                            .unwrap_or_else(|e| e.into_inner());
+                        seen = guard.0;
+                        guard.1
+                    };
+                    for _ in 0..order.rounds {
+                        let until = monotonic_ns() + order.spin_us * 1000;
+                        while monotonic_ns() < until {
+                            std::hint::spin_loop();
+                        }
+                        std::thread::sleep(std::time::Duration::from_micros(order.sleep_us));
+                    }
+                    if done_tx.send(()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let tids = (0..n)
+            .map(|_| tid_rx.recv().map_err(|_| "a worker died".to_string()))
+            .collect::<Result<_>>()?;
+        Ok(Self { orders, done, tids })
+    }
+
+    /// Gives every worker `order` and waits until all have carried it out.
+    fn run(&self, order: Order) -> Result<()> {
+        {
+            let (lock, wake) = &*self.orders;
+            let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+            *guard = (guard.0 + 1, order);
+            wake.notify_all();
+        }
+        for _ in &self.tids {
+            self.done.recv().map_err(|_| "a worker died")?;
+        }
+        Ok(())
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
+    // sched_setaffinity only touch the set they are given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
 }
 
 fn clients(args: &[String]) -> Result<ExitCode> {

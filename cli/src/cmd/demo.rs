@@ -122,6 +122,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             // The demo's own servers: what the flag costs a busy host does
             // not matter here.
             unix_service_time: true,
+            run_queue: true,
             log_probes: false,
             headless: false,
         },

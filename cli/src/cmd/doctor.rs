@@ -131,6 +131,15 @@ pub fn run() -> Result<()> {
                     "tracepoint syscalls/sys_enter_close and sched/sched_process_exit",
                     forced,
                 ));
+                let forced = Options {
+                    run_queue: true,
+                    ..Options::default()
+                };
+                lines.push(try_forced(
+                    "run-queue latency (--run-queue)",
+                    "BTF tracepoints sched_wakeup, sched_wakeup_new and sched_switch",
+                    forced,
+                ));
                 let mut probes = Probes::load(Options::default())?;
                 for check in probes.check_attach_types()? {
                     lines.push(match check.result {

@@ -140,6 +140,10 @@ pub fn unix_queue_extra_loaded() -> usize {
 /// The programs `--unix-service-time` (`Options::unix_service`) adds.
 pub const UNIX_SERVICE_PROGRAM_NAMES: [&str; 2] = ["service_close", "service_exit"];
 
+/// The programs `--run-queue` (`Options::run_queue`) adds, as the kernel
+/// keeps their names (15 bytes).
+pub const RUN_QUEUE_PROGRAM_NAMES: [&str; 2] = ["run_queue_wakeu", "run_queue_switc"];
+
 /// The do-nothing programs `doctor` loads to try a hook.
 pub const HOOK_PROGRAM_NAMES: [&str; 3] = ["hook_tp_btf", "hook_fentry", "hook_kprobe"];
 
@@ -151,6 +155,7 @@ pub fn loaded_stackprobe_programs() -> Vec<u32> {
             p.name_as_str().is_some_and(|n| {
                 PROGRAM_NAMES.contains(&n)
                     || UNIX_SERVICE_PROGRAM_NAMES.contains(&n)
+                    || RUN_QUEUE_PROGRAM_NAMES.contains(&n)
                     || n == "tcp_state_btf"
                     // tcp_state_btf_nested, truncated.
                     || n == "tcp_state_btf_n"

@@ -97,7 +97,7 @@ pub struct Snapshot {
     pub(super) walk_age_s: f64,
     pub(super) drops: u64,
     pub(super) lost: Vec<(&'static str, u64)>,
-    pub(super) skipped: [(&'static str, u64); 7],
+    pub(super) skipped: [(&'static str, u64); 8],
     pub(super) cost: OwnCost,
     /// Per program: runs and run time in seconds, with `--probe-cost`.
     pub(super) programs: Vec<(String, u64, f64)>,

@@ -1,0 +1,228 @@
+//! Run-queue latency against the kernel's own account of the same threads
+//! (`/proc/PID/task/TID/schedstat`: time on CPU, time waiting on a run
+//! queue, times run; `status`: involuntary switches). Root only: loads the
+//! real probes.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use stackprobe_model::measure::{Count, Latency};
+use stackprobe_probes::Options;
+use support::*;
+
+/// What the kernel accounts for a process's threads, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Account {
+    on_cpu_ns: u64,
+    waited_ns: u64,
+    runs: u64,
+    involuntary: u64,
+}
+
+/// The sum over `pid`'s threads, once every one of them is asleep and the
+/// sum held still over two reads (bounded): a thread still running would
+/// add a switch after the read.
+fn quiet_account(pid: u32) -> Account {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = None;
+    loop {
+        let (now, all_asleep) = account(pid);
+        if all_asleep && last == Some(now) {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pid}'s threads never held still"
+        );
+        last = Some(now);
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn account(pid: u32) -> (Account, bool) {
+    let mut sum = Account::default();
+    let mut all_asleep = true;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let schedstat = std::fs::read_to_string(dir.join("schedstat")).unwrap();
+        let f: Vec<u64> = schedstat
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        sum.on_cpu_ns += f[0];
+        sum.waited_ns += f[1];
+        sum.runs += f[2];
+        let status = std::fs::read_to_string(dir.join("status")).unwrap();
+        for line in status.lines() {
+            if let Some(v) = line.strip_prefix("nonvoluntary_ctxt_switches:") {
+                sum.involuntary += v.trim().parse::<u64>().unwrap();
+            }
+            if let Some(state) = line.strip_prefix("State:") {
+                all_asleep &= state.trim().starts_with('S');
+            }
+        }
+    }
+    (sum, all_asleep)
+}
+
+/// What the probes saw of `pid`, in the same terms.
+fn seen(s: &Session, pid: u32) -> Account {
+    let a = &s.collector.table().get(pid).unwrap().activity;
+    let waited = &a.latency[Latency::RunQueue].total;
+    let on_cpu = &a.latency[Latency::OnCpu].total;
+    assert_eq!(
+        waited.count(),
+        on_cpu.count(),
+        "every slice of a thread seen asleep at the start began with a wait"
+    );
+    Account {
+        on_cpu_ns: on_cpu.sum_ns() as u64,
+        waited_ns: waited.sum_ns() as u64,
+        runs: waited.count(),
+        involuntary: a.counts[Count::Preempted].total,
+    }
+}
+
+fn minus(after: Account, before: Account) -> Account {
+    Account {
+        on_cpu_ns: after.on_cpu_ns - before.on_cpu_ns,
+        waited_ns: after.waited_ns - before.waited_ns,
+        runs: after.runs - before.runs,
+        involuntary: after.involuntary - before.involuntary,
+    }
+}
+
+/// Threads of the test (unwatched) spinning on `cpu` until dropped
+/// (bounded: 60 s at most).
+struct Hogs {
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    fn start(n: usize, cpu: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    // SAFETY: as in the loopback binary's pin_to.
+                    unsafe {
+                        let mut set: libc::cpu_set_t = std::mem::zeroed();
+                        libc::CPU_SET(cpu, &mut set);
+                        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+                    }
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A watched server's `workers` (pinned to `cpu`) do `work` while `hogs`
+/// unwatched threads spin on the same CPU; returns what the kernel
+/// accounted for the server's threads over the work and what the probes
+/// saw.
+fn measure(workers: usize, cpu: &str, hogs: usize, work: &str) -> (Account, Account) {
+    let _lock = probe_lock();
+    let mut s = Session::try_start(Options {
+        run_queue: true,
+        ..Options::default()
+    })
+    .expect("loading the probes with the run-queue probe");
+    let mut server = Server::start(None);
+    let pid = server.pid;
+    s.collector.probes_mut().watch_pid(pid).unwrap();
+    server.send(&format!("workers {workers} {cpu}"));
+    assert!(server.line().starts_with("workers "));
+    let kernel_before = quiet_account(pid);
+    s.collect();
+    let seen_before = seen(&s, pid);
+    {
+        let _hogs = Hogs::start(hogs, 0);
+        server.run(work, "worked");
+    }
+    let kernel = minus(quiet_account(pid), kernel_before);
+    s.collect();
+    let probes = minus(seen(&s, pid), seen_before);
+    server.stop();
+    (kernel, probes)
+}
+
+/// `a` within `share` of `b`, or within `floor_ns`.
+fn close(a: u64, b: u64, share: f64, floor_ns: u64) -> bool {
+    a.abs_diff(b) as f64 <= (b as f64 * share).max(floor_ns as f64)
+}
+
+/// The probes' account against the kernel's: the same runs and
+/// preemptions, and the same time, split between waiting and running within
+/// 2 % (or `floor_ns`), less `skipped_ns` per run the kernel counts as
+/// running: a wakeup that preempts an idle CPU skips the clock update of
+/// the switch that follows (`rq_clock_skip_update`), so the kernel's wait
+/// ends at the wakeup's clock and the idle CPU's way out of its idle loop
+/// (~10 µs in these VMs) counts as time on CPU; the probes read the clock
+/// at the switch itself.
+fn assert_matches(kernel: Account, probes: Account, floor_ns: u64, skipped_ns: u64) {
+    let what = format!("kernel {kernel:?}, probes {probes:?}");
+    assert_eq!(probes.runs, kernel.runs, "times run: {what}");
+    assert_eq!(
+        probes.involuntary, kernel.involuntary,
+        "involuntary switches: {what}"
+    );
+    assert!(
+        close(
+            probes.waited_ns + probes.on_cpu_ns,
+            kernel.waited_ns + kernel.on_cpu_ns,
+            0.02,
+            floor_ns
+        ),
+        "waiting and running together not within 2 %: {what}"
+    );
+    let slack = ((kernel.waited_ns as f64 * 0.02) as u64).max(floor_ns);
+    assert!(
+        probes.waited_ns + slack >= kernel.waited_ns
+            && probes.waited_ns <= kernel.waited_ns + slack + kernel.runs * skipped_ns,
+        "run-queue wait not within 2 % (or {floor_ns} ns), and {skipped_ns} ns a run: {what}"
+    );
+}
+
+#[test]
+fn contended_workers_wait_as_long_as_the_kernel_says() {
+    // Two workers and two hogs on CPU 0: each worker waits for the others'
+    // slices, so the run queue holds milliseconds per run.
+    let (kernel, probes) = measure(2, "0", 2, "work 100 3000 1000");
+    assert!(
+        kernel.waited_ns > 100_000_000,
+        "the test made too little contention to measure: {kernel:?}"
+    );
+    assert_matches(kernel, probes, 0, 0);
+}
+
+#[test]
+fn without_contention_no_wait_is_invented() {
+    // One worker, free to run anywhere, nothing competing on purpose.
+    let (kernel, probes) = measure(1, "any", 0, "work 200 200 1000");
+    assert!(kernel.runs >= 200, "{kernel:?}");
+    assert_matches(kernel, probes, 1_000_000, 20_000);
+}
