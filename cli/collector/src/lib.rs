@@ -3,13 +3,15 @@
 //! table as they come; each interval (`tick`) and once at the end (`finish`)
 //! it runs the same sequence — drain the ring, merge what the kernel's
 //! histograms gained,
-//! follow the watch set, look at the sockets, build the report, explain it —
+//! follow the watch set, look at the sockets, build the report, look at the
+//! host's CPUs, explain it —
 //! and hands the result to whoever asked, as a [`Frame`].
 
 mod busy;
 pub mod cgroups;
 pub mod containers;
 mod cost;
+mod host;
 mod sockets;
 mod unix_sockets;
 mod watch_set;
@@ -191,6 +193,7 @@ impl Collector {
             report.probe_cost = self.probes.costs()?;
         }
         report.rungs = self.probes.rungs_in_use();
+        report.host = host::read();
         self.unix_backlogs(&mut report)?;
         self.busy
             .fill(&mut self.probes, &self.table, now_ns, &mut report)?;

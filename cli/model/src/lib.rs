@@ -10,6 +10,7 @@ pub mod event;
 pub mod fixtures;
 pub mod frame;
 pub mod histogram;
+pub mod host;
 pub mod insights;
 pub mod kernel_hist;
 pub mod measure;

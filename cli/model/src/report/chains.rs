@@ -54,6 +54,9 @@ pub struct Hop {
     pub accept_queue: HopLatency,
     pub accept: HopLatency,
     pub service: HopLatency,
+    /// The role's threads' waits for a CPU (over all its processes: a
+    /// thread's wait is not a listener's); empty when not measured.
+    pub run_queue: HopLatency,
     /// Connections accepted in the period (for the root, untimed ones too).
     pub accepts: u64,
     pub forks_per_accept: Option<f64>,
@@ -341,6 +344,7 @@ fn hop(r: &RoleRow, link: Option<&Link>) -> Hop {
         accept_queue: over(Latency::AcceptQueue),
         accept,
         service: over(Latency::Service),
+        run_queue: HopLatency::sum([&r.latency[Latency::RunQueue].latency]),
         accepts,
         forks_per_accept: r.forks_per_accept,
         busy: r.busy.clone(),
@@ -401,6 +405,27 @@ mod tests {
         );
         assert_eq!((nginx.accepts, php.accepts, pg.accepts), (100, 100, 100));
         assert!(c.hops.iter().all(|h| h.note.is_none()), "{c:#?}");
+    }
+
+    #[test]
+    fn each_hop_has_its_roles_run_queue_wait() {
+        use crate::{event::HistMetric, fixtures::kernel_hist};
+        let mut t = ProcessTable::default();
+        three_hops(&mut t, 100);
+        t.apply(&kernel_hist(
+            12,
+            "php-fpm",
+            HistMetric::RunQueue,
+            &[1_000_000, 3_000_000],
+        ));
+        let r = fixtures::interval_report(&t);
+        let waits: Vec<(u64, u64, u64)> = r.chains[0]
+            .hops
+            .iter()
+            .map(|h| (h.run_queue.count, h.run_queue.mean_ns, h.run_queue.max_ns))
+            .collect();
+        assert_eq!(waits, [(0, 0, 0), (2, 2_000_000, 3_000_000), (0, 0, 0)]);
+        assert!(r.chains[0].hops[1].run_queue.p99_ns.is_some());
     }
 
     #[test]

@@ -14,11 +14,13 @@ use serde::Serialize;
 use super::{
     counter::Counter,
     histogram::{LatencyHistogram, Log2Bucket, Summary},
+    host::HostRow,
     probe_stats::{Drops, ProgramCost, RungInUse},
     process::{Metric, ProcessTable, Span},
 };
 
 mod chains;
+mod cpu;
 mod paths;
 mod processes;
 mod roles;
@@ -27,6 +29,7 @@ mod tcp;
 mod tests;
 
 pub use chains::{Chain, Hop, HopLatency, MIN_REQUESTS, PER_REQUEST_TOLERANCE, link_chains};
+pub use cpu::CpuRow;
 pub use paths::{PathComparison, PathNumbers, path_kind};
 pub use processes::{ACCEPT_METRIC, ProcessRow};
 pub use roles::{ConnectRow, ListenerLatencyRow, PIDS_SHOWN, RoleRow};
@@ -93,6 +96,9 @@ pub struct Report {
     /// kernel (set by the collector).
     #[serde(rename = "hooks")]
     pub rungs: Vec<RungInUse>,
+    /// The host's CPUs and runnable threads at the report (set by the
+    /// collector; null where /proc/stat could not be read).
+    pub host: Option<HostRow>,
 }
 
 /// One latency metric over the period: its distribution (`count` is the
@@ -194,6 +200,7 @@ impl Report {
             probe_cost: Vec::new(),
             insights: Vec::new(),
             rungs: Vec::new(),
+            host: None,
         }
     }
 }

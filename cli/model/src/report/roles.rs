@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{CountRow, ListenerRow, MetricRow, Period, Report, path_kind};
+use super::{CountRow, CpuRow, ListenerRow, MetricRow, Period, Report, cpu::cpu_row, path_kind};
 use crate::{
     busy::BusyRow,
     containers,
@@ -44,6 +44,9 @@ pub struct RoleRow {
     /// The connections the role's server held (see [`crate::busy`]); null
     /// for a role that accepted none since stackprobe started.
     pub busy: Option<BusyRow>,
+    /// Its threads' CPU time and run-queue wait over the period, summed;
+    /// null when neither was measured in it.
+    pub cpu: Option<CpuRow>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -152,6 +155,7 @@ fn role_row(p: &Period, table: &ProcessTable, role: String, pids: &[u32], a: &Ac
         listeners: listener_rows(p, a),
         connects: connect_rows(p, a),
         busy: None,
+        cpu: cpu_row(p, a),
     }
 }
 

@@ -209,13 +209,24 @@ fn json_field_names_are_the_documented_ones() {
         live(13, "postgres"),
     ]);
     crate::fixtures::request_path(&mut t, &crate::fixtures::three_hop_path(100, 100));
-    let r = Report::build(
+    // The run-queue probe's samples, on every role (the first is checked),
+    // and what the collector adds: the host.
+    for (pid, name) in [(1, "idle"), (2, "busy"), (3, "quiet"), (11, "nginx")] {
+        t.apply(&kernel_hist(pid, name, HistMetric::RunQueue, &[5_000]));
+        t.apply(&kernel_hist(pid, name, HistMetric::OnCpu, &[80_000]));
+        t.apply(&kernel_hist(pid, name, HistMetric::Preempted, &[0]));
+    }
+    let mut r = Report::build(
         ReportKind::Summary,
         &t,
         Duration::from_secs(1),
         Duration::from_secs(1),
         Drops::default(),
     );
+    r.host = Some(crate::host::HostRow {
+        cpus: 4,
+        runnable: 2,
+    });
     let v = serde_json::to_value(&r).unwrap();
     assert_eq!(v["schema"], "stackprobe.watch/5");
     assert_eq!(v["type"], "summary");
@@ -263,6 +274,8 @@ fn json_field_names_are_the_documented_ones() {
     let hop = &v["chains"][0]["hops"][1];
     assert_eq!(hop["role"], "php-fpm", "{}", v["chains"]);
     assert!(!hop["own_ns"].is_null() && !hop["connect"]["mean_ns"].is_null());
+    assert!(!role["cpu"]["on_cpu_ns"].is_null(), "{role}");
+    assert!(!v["chains"][0]["hops"][0]["run_queue"]["count"].is_null());
     // Gone in schema 3: accepts and forks never cross the ring buffer.
     for gone in [
         &drops["lost"]["accept"],
