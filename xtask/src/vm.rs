@@ -33,11 +33,12 @@ const PACKAGES: [&str; 5] = [
 
 /// The test binaries run in each guest by default: the probes' own tests
 /// (the rest drive terminals, real services or long soaks).
-pub const DEFAULT_TESTS: [&str; 5] = [
+pub const DEFAULT_TESTS: [&str; 6] = [
     "accept_probes",
     "connect_probes",
     "fork_probes",
     "request_path",
+    "run_queue",
     "sock_probes",
 ];
 
