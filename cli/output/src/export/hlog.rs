@@ -487,11 +487,11 @@ mod tests {
     }
 
     fn write(intervals: Vec<Interval>) -> Vec<u8> {
-        let dir = std::env::temp_dir().join(format!(
-            "sp-hlog-{}-{}",
-            std::process::id(),
-            intervals.len()
-        ));
+        // A directory per call: tests run in parallel, and one removing
+        // its directory must not take another's file.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("sp-hlog-{}-{call}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.hlog");
         let rec = Recorder::create(&path, true).unwrap();
@@ -592,6 +592,52 @@ mod tests {
             }
             assert_eq!((got.min(), got.max()), (want.min(), want.max()));
         }
+    }
+
+    #[test]
+    fn the_run_queue_probes_histograms_and_count_round_trip_like_any_declared() {
+        use stackprobe_model::{
+            event::HistMetric,
+            fixtures::{kernel_hist, live},
+        };
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "php-fpm")]);
+        t.apply(&kernel_hist(
+            1,
+            "php-fpm",
+            HistMetric::RunQueue,
+            &[3_000, 5_000_000],
+        ));
+        t.apply(&kernel_hist(1, "php-fpm", HistMetric::Preempted, &[0; 7]));
+        let data = write(vec![Interval::of(
+            &t,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )]);
+        let back: Vec<(String, String, u64, u64)> = parse(&data)
+            .unwrap()
+            .into_iter()
+            .map(|r| {
+                let (n, max) = match r.value {
+                    Value::Histogram(h) => (h.len(), h.max()),
+                    Value::Count(n) => (n, 0),
+                    Value::Gauge(g) => panic!("a gauge {g} where none was written"),
+                };
+                (r.role, r.metric, n, max)
+            })
+            .collect();
+        let [(role, metric, n, max), (crole, count, c, _)] = back.as_slice() else {
+            panic!("{back:?}")
+        };
+        assert_eq!(
+            (role.as_str(), metric.as_str(), *n),
+            ("php-fpm", "run_queue", 2)
+        );
+        assert!(max.abs_diff(5_000_000) <= 5_000_000 / 128, "{max}");
+        assert_eq!(
+            (crole.as_str(), count.as_str(), *c),
+            ("php-fpm", "preempted", 7)
+        );
     }
 
     /// A recording as stackprobe wrote them before gauges were kept: one

@@ -1,7 +1,8 @@
 //! The plain-text view (`--no-tui`): a header per report, then one block per
-//! role (accepts, forks, threads, children and their lifetimes), then per
-//! accepting process its accepts, rate, percentiles and bpftrace-style log2
-//! bars. Parts with nothing to show are left out.
+//! role (accepts, forks, threads, children and their lifetimes, CPU time
+//! against run-queue wait), then per accepting process its accepts, rate,
+//! percentiles and bpftrace-style log2 bars. Parts with nothing to show are
+//! left out.
 
 use std::fmt::Write as _;
 
@@ -89,6 +90,7 @@ pub fn render(report: &Report) -> String {
 fn role_block(r: &RoleRow) -> String {
     let mut out = role_header(r);
     out.push_str(&latency_lines(r));
+    out.push_str(&cpu_line(r));
     out.push_str(&busy_line(r));
     out.push_str(&listener_lines(r));
     out.push_str(&connect_lines(r));
@@ -151,9 +153,14 @@ fn role_header(r: &RoleRow) -> String {
             r.latency[Latency::Thread].latency.count
         );
     }
-    // Every other declared count, by its label, once it has counted.
+    // Every other declared count, by its label, once it has counted
+    // (involuntary switches are on the CPU line).
     for (count, c) in r.counts.iter() {
-        if !matches!(count, Count::Exited | Count::AcceptUntimed) && c.total > 0 {
+        if !matches!(
+            count,
+            Count::Exited | Count::AcceptUntimed | Count::Preempted
+        ) && c.total > 0
+        {
             let _ = write!(out, "  {} {}", count.decl().label, c.count);
         }
     }
@@ -176,6 +183,33 @@ fn busy_line(r: &RoleRow) -> String {
     format!(
         "  {:<15} mean {:.1}  max {}  now {}  of {} processes{limit}\n",
         "busy", b.mean, b.max, b.now, b.processes
+    )
+}
+
+/// Busy on a CPU against waiting for one, when the run-queue probe
+/// measured the role in the period: the time its threads ran (and what
+/// share of a core that is), in how many slices and how many ended
+/// preempted; the time they waited, its share of their runnable time, in
+/// how many waits.
+fn cpu_line(r: &RoleRow) -> String {
+    let Some(c) = &r.cpu else {
+        return String::new();
+    };
+    let share = if c.cores >= 1.0 {
+        format!("{:.2} cores", c.cores)
+    } else {
+        format!("{:.1}% of a core", c.cores * 100.0)
+    };
+    format!(
+        "  {:<15} busy {} on a CPU ({share}; {} slices, {} {})  waiting {} for a CPU ({:.0}% of the runnable time; {} waits)\n",
+        "cpu",
+        duration(c.on_cpu_ns),
+        r.latency[Latency::OnCpu].latency.count,
+        r.counts[Count::Preempted].count,
+        Count::Preempted.decl().label,
+        duration(c.run_queue_ns),
+        c.waiting_share * 100.0,
+        r.latency[Latency::RunQueue].latency.count,
     )
 }
 
@@ -272,7 +306,7 @@ fn connect_lines(r: &RoleRow) -> String {
 
 /// Each chain of roles a request crosses: one line per hop with the link it
 /// was reached by, the means of its connect, queue wait, accept and service
-/// time, its own time, forks per accept, busy connections and connections
+/// time (and its threads' run-queue wait, when measured), its own time, forks per accept, busy connections and connections
 /// lost at its queue; then the hop holding the most own time.
 fn chains_block(chains: &[Chain]) -> String {
     let mut out = String::new();
@@ -309,6 +343,9 @@ fn chains_block(chains: &[Chain]) -> String {
                 mean(&h.accept),
                 mean(&h.service)
             );
+            if h.run_queue.count > 0 {
+                let _ = write!(out, "  runq {}", mean(&h.run_queue));
+            }
             match h.own_ns {
                 Some(own) => {
                     let _ = write!(out, "  own {}", duration(own));
@@ -711,6 +748,13 @@ mod tests {
         };
         let mut t = ProcessTable::default();
         fixtures::three_hops(&mut t, 100);
+        // Measured with --run-queue: php-fpm's threads waited for a CPU.
+        t.apply(&fixtures::kernel_hist(
+            12,
+            "php-fpm",
+            stackprobe_model::event::HistMetric::RunQueue,
+            &[1_000_000, 3_000_000],
+        ));
         let mut r = fixtures::interval_report(&t);
         let php = r.roles.iter_mut().find(|r| r.role == "php-fpm").unwrap();
         php.busy = Some(BusyRow {
@@ -737,7 +781,7 @@ mod tests {
             [
                 "path: nginx → php-fpm → postgres (means)",
                 "  nginx  queue 30.0µs  accept 4.0µs  service 100.00ms  own 7.96ms",
-                "  nginx → php-fpm (unix:/run/php/php-fpm.sock)  connect 40.0µs  queue 12.00ms  accept 4.0µs  service 80.00ms  own 28.98ms  busy 2.0/2 (pm.max_children 2)  lost 3",
+                "  nginx → php-fpm (unix:/run/php/php-fpm.sock)  connect 40.0µs  queue 12.00ms  accept 4.0µs  service 80.00ms  runq 2.00ms  own 28.98ms  busy 2.0/2 (pm.max_children 2)  lost 3",
                 "  php-fpm → postgres (tcp:127.0.0.1:5432)  connect 15.0µs  queue 1.00ms  accept 4.0µs  service 50.00ms  own 50.00ms",
                 "  holder: postgres (own 50.00ms)",
             ],
@@ -746,6 +790,52 @@ mod tests {
         // After the roles.
         let path = text.find("path: ").unwrap();
         assert!(text.find("postgres (1 process").unwrap() < path, "{text}");
+    }
+
+    #[test]
+    fn a_role_the_run_queue_probe_measured_is_busy_on_a_cpu_or_waiting_for_one() {
+        use stackprobe_model::{event::HistMetric, fixtures::kernel_hist};
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(7, "php-fpm")]);
+        // In a second: 100 slices of 2 ms, 12 of them preempted, and 50
+        // waits of 1 ms.
+        t.apply(&kernel_hist(
+            7,
+            "php-fpm",
+            HistMetric::OnCpu,
+            &[2_000_000; 100],
+        ));
+        t.apply(&kernel_hist(
+            7,
+            "php-fpm",
+            HistMetric::RunQueue,
+            &[1_000_000; 50],
+        ));
+        t.apply(&kernel_hist(7, "php-fpm", HistMetric::Preempted, &[0; 12]));
+        let mut r = fixtures::interval_report(&t);
+        let text = render(&r);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[1], "php-fpm (1 process: 7)", "{text}");
+        assert!(
+            lines[2].starts_with("  run-queue wait  min 1.00ms"),
+            "{text}"
+        );
+        assert!(
+            lines[3].starts_with("  on CPU          min 2.00ms"),
+            "{text}"
+        );
+        assert_eq!(
+            lines[4],
+            "  cpu             busy 200.00ms on a CPU (20.0% of a core; 100 slices, 12 involuntary switches)  waiting 50.00ms for a CPU (20% of the runnable time; 50 waits)"
+        );
+        // Threads on several CPUs at once: cores, not a percentage of one.
+        r.roles[0].cpu.as_mut().unwrap().cores = 2.5;
+        assert!(
+            render(&r).contains("busy 200.00ms on a CPU (2.50 cores; "),
+            "{text}"
+        );
+        // Not measured: no line.
+        assert!(!render(&report(Drops::default())).contains("  cpu "));
     }
 
     #[test]

@@ -570,6 +570,39 @@ mod tests {
     }
 
     #[test]
+    fn the_run_queue_probes_latencies_and_preemptions_are_per_role() {
+        let mut t = ProcessTable::default();
+        t.sync_watched(&[live(1, "php-fpm")]);
+        t.apply(&kernel_hist(
+            1,
+            "php-fpm",
+            HistMetric::RunQueue,
+            &[3_000; 4],
+        ));
+        t.apply(&kernel_hist(
+            1,
+            "php-fpm",
+            HistMetric::OnCpu,
+            &[2_000_000; 5],
+        ));
+        t.apply(&kernel_hist(1, "php-fpm", HistMetric::Preempted, &[0; 3]));
+        let text = String::from_utf8(body(&registry(&t), false).1).unwrap();
+        for line in [
+            r#"stackprobe_latency_seconds_count{role="php-fpm",container="",metric="run_queue",listener=""} 4"#,
+            // The slices' sum: the role's CPU time, which rate() makes
+            // cores.
+            r#"stackprobe_latency_seconds_sum{role="php-fpm",container="",metric="on_cpu",listener=""} 0.01"#,
+            r#"stackprobe_events_total{role="php-fpm",container="",metric="preempted"} 3"#,
+        ] {
+            assert!(text.contains(line), "no {line} in:\n{text}");
+        }
+        assert!(
+            text.contains("Latency per role and metric (accept, accept_queue, service, fork, thread, child_lifetime, run_queue, on_cpu)"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn each_declared_count_is_a_counter_by_metric_with_its_help() {
         let mut t = ProcessTable::default();
         t.sync_watched(&[live(1, "srv")]);

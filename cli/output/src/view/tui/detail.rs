@@ -41,15 +41,17 @@ pub(super) fn render_detail(frame: &mut Frame, area: Rect, d: &Dashboard, line: 
     render_links(frame, links_area, d, r);
 }
 
-/// The table's rows, each a name and its latencies: every declared latency
-/// but connects; then, for a role accepting from more than one listener,
-/// each one's accepts and its other latencies kept per listener; then its
-/// connects, per destination.
+/// The table's rows, each a name and its latencies: accepts, and every
+/// other declared latency but connects that has had a sample since the
+/// start (one never measured, run-queue wait without `--run-queue` say,
+/// would only take a line of 24); then, for a role accepting from more than
+/// one listener, each one's accepts and its other latencies kept per
+/// listener; then its connects, per destination.
 fn latency_rows(r: &RoleRow) -> Vec<(String, &Summary)> {
     let mut rows: Vec<(String, &Summary)> = r
         .latency
         .iter()
-        .filter(|(l, _)| l.decl().per != Per::Destination)
+        .filter(|(l, m)| l.decl().per != Per::Destination && (*l == Latency::Accept || m.total > 0))
         .map(|(l, m)| (l.decl().short.to_string(), &m.latency))
         .collect();
     if r.listeners.len() > 1 {

@@ -70,9 +70,12 @@ pub(super) fn render_status(frame: &mut Frame, area: Rect, d: &Dashboard) {
 }
 
 /// The overview's columns: a container column only when some role runs in
-/// one (the role column then shows the role without its container).
+/// one (the role column then shows the role without its container), and
+/// the run-queue wait's p99 only when the run-queue probe measured some
+/// role (`--run-queue`), so that 80 columns keep the role's name without.
 struct Columns {
     in_containers: bool,
+    run_queue: bool,
 }
 
 impl Columns {
@@ -108,6 +111,9 @@ impl Columns {
             sort_mark(SortColumn::TimeWait, "TW"),
             "TW+/s".into(),
         ]);
+        if self.run_queue {
+            header.push("RQp99".into());
+        }
         Row::new(header).style(Style::default().add_modifier(Modifier::BOLD))
     }
 
@@ -128,6 +134,9 @@ impl Columns {
             Constraint::Length(5),
             Constraint::Length(5),
         ]);
+        if self.run_queue {
+            widths.push(Constraint::Length(5));
+        }
         widths
     }
 
@@ -169,6 +178,16 @@ impl Columns {
                 1000.0,
             )),
         ]);
+        if self.run_queue {
+            // A millisecond is a scheduler slice spent behind another
+            // thread (the insight's floor for the mean); ten, several.
+            let waits = &r.latency[Latency::RunQueue].latency;
+            cells.push(Cell::from(ns(waits.p99_ns, waits.count)).style(d.level(
+                waits.p99_ns as f64,
+                1e6,
+                10e6,
+            )));
+        }
         Row::new(cells)
     }
 
@@ -217,6 +236,9 @@ pub(super) fn render_overview(
 ) {
     let columns = Columns {
         in_containers: lines.iter().any(|l| l.role.container.is_some()),
+        run_queue: lines
+            .iter()
+            .any(|l| l.role.latency[Latency::RunQueue].total > 0),
     };
     let mut rows: Vec<Row<'_>> = Vec::new();
     let mut selected_row = 0;

@@ -1,5 +1,6 @@
 //! The path a selected role is on: the chain's hops side by side (the
-//! means of their connect, queue wait and service time, their own time,
+//! means of their connect, queue wait and service time, their threads'
+//! run-queue wait when measured, their own time,
 //! busy connections and connections lost at their queue), the hop holding
 //! the most own time marked.
 
@@ -32,6 +33,9 @@ pub(super) fn height(c: &Chain) -> u16 {
 
 pub(super) fn render_path(frame: &mut Frame, area: Rect, d: &Dashboard, c: &Chain) {
     let mean = |l: &HopLatency| ns(l.mean_ns, l.count);
+    // The hops' run-queue waits, only where the run-queue probe measured
+    // one (`--run-queue`).
+    let run_queue = c.hops.iter().any(|h| h.run_queue.count > 0);
     let holder = d.style(Color::Red).add_modifier(Modifier::BOLD);
     let mut rows: Vec<Row<'_>> = c
         .hops
@@ -50,16 +54,18 @@ pub(super) fn render_path(frame: &mut Frame, area: Rect, d: &Dashboard, c: &Chai
                 .filter(|l| l.total > 0)
                 .map_or_else(String::new, |l| l.count.to_string());
             let own = h.own_ns.map_or_else(|| "-".to_string(), |o| ns(o, 1));
-            let row = Row::new(vec![
+            let mut cells = vec![
                 Cell::from(format!("{}{}", if held { "● " } else { "  " }, h.role)),
                 Cell::from(h.via.join(", ")),
                 Cell::from(h.connect.as_ref().map_or_else(|| "-".into(), mean)),
                 Cell::from(mean(&h.accept_queue)),
                 Cell::from(mean(&h.service)),
-                Cell::from(own),
-                Cell::from(busy),
-                Cell::from(lost),
-            ]);
+            ];
+            if run_queue {
+                cells.push(Cell::from(mean(&h.run_queue)));
+            }
+            cells.extend([Cell::from(own), Cell::from(busy), Cell::from(lost)]);
+            let row = Row::new(cells);
             if held { row.style(holder) } else { row }
         })
         .collect();
@@ -80,25 +86,26 @@ pub(super) fn render_path(frame: &mut Frame, area: Rect, d: &Dashboard, c: &Chai
             .as_deref()
             .map_or_else(|| ": none yet".to_string(), |h| format!(": {h}"))
     );
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Length(role_width as u16),
-            Constraint::Min(8),
-            Constraint::Length(7),
-            Constraint::Length(6),
-            Constraint::Length(7),
-            Constraint::Length(6),
-            Constraint::Length(11),
-            Constraint::Length(5),
-        ],
-    )
-    .header(
-        Row::new(vec![
-            "hop", "via", "connect", "queue", "service", "own", "busy", "lost",
-        ])
-        .style(Style::default().add_modifier(Modifier::BOLD)),
-    )
-    .block(Block::default().borders(Borders::TOP).title(title));
+    let mut widths = vec![
+        Constraint::Length(role_width as u16),
+        Constraint::Min(8),
+        Constraint::Length(7),
+        Constraint::Length(6),
+        Constraint::Length(7),
+    ];
+    let mut header = vec!["hop", "via", "connect", "queue", "service"];
+    if run_queue {
+        widths.push(Constraint::Length(6));
+        header.push("runq");
+    }
+    widths.extend([
+        Constraint::Length(6),
+        Constraint::Length(11),
+        Constraint::Length(5),
+    ]);
+    header.extend(["own", "busy", "lost"]);
+    let table = Table::new(rows, widths)
+        .header(Row::new(header).style(Style::default().add_modifier(Modifier::BOLD)))
+        .block(Block::default().borders(Borders::TOP).title(title));
     frame.render_widget(table, area);
 }

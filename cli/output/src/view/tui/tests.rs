@@ -91,6 +91,46 @@ fn overview_fits_80x24_with_roles_rates_and_an_insight() {
         "{text}"
     );
     assert!(lines.last().unwrap().starts_with("q quit"));
+    // Without --run-queue, no run-queue column.
+    assert!(!text.contains("RQp99"), "{text}");
+}
+
+#[test]
+fn the_run_queue_wait_has_a_column_once_measured_and_a_dash_where_a_role_has_none() {
+    use stackprobe_model::{event::HistMetric, fixtures::kernel_hist};
+    let mut t = ProcessTable::default();
+    t.sync_watched(&[live(1, "postgres"), live(2, "nginx")]);
+    let latencies: Vec<u64> = (0..412).map(|i| 2_000 + i).collect();
+    fork_per_connection(&mut t, 1, "postgres", &latencies, 90_000, 412, 9_000_000);
+    // The postmaster's threads waited 3 ms for a CPU, 30 times; nginx's
+    // were not seen waiting.
+    t.apply(&kernel_hist(
+        1,
+        "postgres",
+        HistMetric::RunQueue,
+        &[3_000_000; 30],
+    ));
+    let mut d = Dashboard::new(true);
+    d.update(fixtures::interval_report(&t), status());
+    let (text, buf) = screen(&d, 100, 24);
+    let lines: Vec<&str> = text.lines().collect();
+    let header = lines
+        .iter()
+        .find(|l| l.starts_with("ROLE"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(header.ends_with("TW+/s RQp99"), "{header}");
+    let row = |start: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} in\n{text}"))
+    };
+    let pm = row("postgres postmaster");
+    assert!(lines[pm].ends_with(" 3.0ms"), "{}", lines[pm]);
+    assert!(lines[row("nginx")].ends_with(" -"), "{text}");
+    // Past a millisecond, yellow.
+    let x = lines[pm].rfind("3.0ms").unwrap() as u16;
+    assert_eq!(buf[(x, pm as u16)].fg, Color::Yellow);
 }
 
 #[test]
@@ -323,12 +363,54 @@ fn the_detail_of_a_role_on_a_chain_shows_its_hops_side_by_side_with_the_holder()
             "50ms"
         ]
     );
+    // No run-queue wait measured: no column for it, no row in the table.
+    assert!(!text.contains("runq"), "{text}");
+    assert!(!text.contains("fork "), "never measured: {text}");
     // The holder's row stands out.
     let y = text
         .lines()
         .position(|l| l.starts_with("● postgres"))
         .unwrap() as u16;
     assert_eq!(buf[(2, y)].fg, Color::Red);
+    // Measured (--run-queue): each hop's mean wait, `-` where none.
+    fixtures::three_hops(&mut t, 100);
+    t.apply(&stackprobe_model::fixtures::kernel_hist(
+        12,
+        "php-fpm",
+        stackprobe_model::event::HistMetric::RunQueue,
+        &[2_000_000],
+    ));
+    d.update(fixtures::interval_report(&t), status());
+    let (text, _) = screen(&d, 100, 40);
+    let row = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} in\n{text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        row("hop "),
+        [
+            "hop", "via", "connect", "queue", "service", "runq", "own", "busy", "lost"
+        ]
+    );
+    assert_eq!(
+        row("  php-fpm"),
+        [
+            "php-fpm",
+            "/run/php/php-fpm.sock",
+            "40µs",
+            "12ms",
+            "80ms",
+            "2.0ms",
+            "29ms"
+        ]
+    );
+    assert_eq!(
+        row("  nginx"),
+        ["nginx", "-", "30µs", "100ms", "-", "8.0ms"]
+    );
     // A role on no chain has no path section.
     let mut alone = Dashboard::new(false);
     alone.update(report(), status());
