@@ -23,9 +23,11 @@ use crate::offsets::MemberOffset;
 /// count, see [`crate::DEFAULT_SLOTS`]).
 pub const RUN_SLOTS_MAP: &str = "RUN_SLOTS";
 
-pub const WAKEUP_PROGRAM: &str = "run_queue_wakeup";
-pub const WAKEUP_NEW_PROGRAM: &str = "run_queue_wakeup_new";
-pub const SWITCH_PROGRAM: &str = "run_queue_switch";
+/// Names short enough for the kernel to keep whole (15 bytes), so tools
+/// such as bpftool tell them apart.
+pub const WAKEUP_PROGRAM: &str = "runq_wakeup";
+pub const WAKEUP_NEW_PROGRAM: &str = "runq_wakeup_new";
+pub const SWITCH_PROGRAM: &str = "runq_switch";
 /// Each program's BTF tracepoint.
 pub const PROGRAMS: [(&str, &str); 3] = [
     (WAKEUP_PROGRAM, "sched_wakeup"),

@@ -40,14 +40,14 @@ impl Task {
 
 /// `sched_wakeup(struct task_struct *p)`.
 #[btf_tracepoint(function = "sched_wakeup")]
-pub fn run_queue_wakeup(ctx: BtfTracePointContext) -> u32 {
+pub fn runq_wakeup(ctx: BtfTracePointContext) -> u32 {
     woken(Task(ctx.arg(0)));
     0
 }
 
 /// `sched_wakeup_new(struct task_struct *p)`: a new task's first wakeup.
 #[btf_tracepoint(function = "sched_wakeup_new")]
-pub fn run_queue_wakeup_new(ctx: BtfTracePointContext) -> u32 {
+pub fn runq_wakeup_new(ctx: BtfTracePointContext) -> u32 {
     woken(Task(ctx.arg(0)));
     0
 }
@@ -78,7 +78,7 @@ fn woken(task: Task) {
 /// task_struct *next, ...)`; the `prev_state` argument came in 5.18 and
 /// can be stale before 6.16, so the state is read from `prev` itself.
 #[btf_tracepoint(function = "sched_switch")]
-pub fn run_queue_switch(ctx: BtfTracePointContext) -> u32 {
+pub fn runq_switch(ctx: BtfTracePointContext) -> u32 {
     let preempt = ctx.arg::<u64>(0) as u8 != 0;
     let prev = Task(ctx.arg(1));
     let next = Task(ctx.arg(2));

@@ -101,6 +101,14 @@ enum Bench {
     Fork(BenchArgs),
     /// TCP state probe: connections opened and closed (clients close first).
     Churn(BenchArgs),
+    /// Section 6 alone: `--run-queue` on the lab, beside runqlat.
+    RunQueue {
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Seconds of load per configuration and round.
+        #[arg(long, default_value_t = 31)]
+        seconds: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -144,11 +152,18 @@ fn main() -> ExitCode {
             .and_then(|()| setup::apt_packages(&bench::PACKAGES))
             .and_then(|()| match &which {
                 None => bench::all(&bench::Scale { quick }),
+                Some(Bench::RunQueue { rounds, seconds }) => {
+                    bench::run_queue::standalone(&bench::run_queue::Length {
+                        rounds: *rounds,
+                        seconds: *seconds,
+                    })
+                }
                 Some(which) => {
                     let (workload, args) = match which {
                         Bench::Accept(a) => (&bench::ACCEPT, a),
                         Bench::Fork(a) => (&bench::FORK, a),
                         Bench::Churn(a) => (&bench::CHURN, a),
+                        Bench::RunQueue { .. } => unreachable!("matched above"),
                     };
                     bench::prepare()?;
                     let cost = bench::probe_cost::run(workload, args.ops, args.rounds)?;

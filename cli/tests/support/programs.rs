@@ -140,9 +140,8 @@ pub fn unix_queue_extra_loaded() -> usize {
 /// The programs `--unix-service-time` (`Options::unix_service`) adds.
 pub const UNIX_SERVICE_PROGRAM_NAMES: [&str; 2] = ["service_close", "service_exit"];
 
-/// The programs `--run-queue` (`Options::run_queue`) adds, as the kernel
-/// keeps their names (15 bytes).
-pub const RUN_QUEUE_PROGRAM_NAMES: [&str; 2] = ["run_queue_wakeu", "run_queue_switc"];
+/// The programs `--run-queue` (`Options::run_queue`) adds.
+pub const RUN_QUEUE_PROGRAM_NAMES: [&str; 3] = ["runq_wakeup", "runq_wakeup_new", "runq_switch"];
 
 /// The do-nothing programs `doctor` loads to try a hook.
 pub const HOOK_PROGRAM_NAMES: [&str; 3] = ["hook_tp_btf", "hook_fentry", "hook_kprobe"];

@@ -62,6 +62,13 @@ fn rung_hooks(metric: &str, hook: &str) -> Option<&'static [&'static str]> {
         // sched_process_exit, already among ALWAYS).
         ("service", "tcp-only") => &[],
         ("service", "close") => &["tracepoint:syscalls:sys_enter_close"],
+        ("run_queue", "off") => &[],
+        // Classic stand-ins for the tp_btf programs, as for the state probe.
+        ("run_queue", "tp_btf") => &[
+            "tracepoint:sched:sched_wakeup",
+            "tracepoint:sched:sched_wakeup_new",
+            "tracepoint:sched:sched_switch",
+        ],
         _ => return None,
     })
 }
@@ -73,7 +80,14 @@ pub fn hooks(summary: &Value) -> Result<Vec<&'static str>> {
         .as_array()
         .context("stackprobe's summary has no hooks[]")?;
     let mut hooks = ALWAYS.to_vec();
-    for metric in ["fork", "accept_queue", "unix_queue", "service", "tcp_state"] {
+    for metric in [
+        "fork",
+        "accept_queue",
+        "unix_queue",
+        "service",
+        "run_queue",
+        "tcp_state",
+    ] {
         let hook = rungs
             .iter()
             .find(|r| r["metric"] == metric)
@@ -187,6 +201,7 @@ mod tests {
             {"metric": "accept_queue", "hook": queue, "description": ""},
             {"metric": "unix_queue", "hook": "data-ready", "description": ""},
             {"metric": "service", "hook": "close", "description": ""},
+            {"metric": "run_queue", "hook": "off", "description": ""},
             {"metric": "tcp_state", "hook": state, "description": ""},
         ]})
     }

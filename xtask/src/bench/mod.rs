@@ -7,7 +7,8 @@
 //!    stackprobe, interleaved, with each one's CPU per request;
 //! 3. the event rates stackprobe takes without dropping, and its CPU;
 //! 4. footprint: RSS, kernel map memory and time to attach;
-//! 5. total CPU per probe run (BPF + userspace).
+//! 5. total CPU per probe run (BPF + userspace);
+//! 6. what `--run-queue` adds, beside libbpf-tools' runqlat.
 //!
 //! These machines are noisy: every comparison is a ratio within one run.
 
@@ -16,6 +17,7 @@ mod floor;
 mod footprint;
 mod loopback;
 pub mod probe_cost;
+pub mod run_queue;
 mod server;
 mod server_report;
 mod tracer;
@@ -28,8 +30,9 @@ use crate::{lab, process, setup, tasks};
 
 pub use probe_cost::{ACCEPT, CHURN, FORK};
 
-/// bpftool reads every program's run count and run time, and map memory.
-pub const PACKAGES: [&str; 1] = ["bpftool"];
+/// bpftool reads every program's run count and run time, and map memory;
+/// libbpf-tools has the runqlat section 6 compares with.
+pub const PACKAGES: [&str; 2] = ["bpftool", run_queue::PACKAGES[0]];
 
 /// Turns the kernel's BPF run-time statistics on and restores the old value
 /// on drop.
@@ -96,7 +99,12 @@ pub fn all(scale: &Scale) -> Result<()> {
     // Sections 2 and 5 run on the lab; it is taken down even on failure.
     let lab_result = (|| -> Result<String> {
         lab::up()?;
-        server::run(scale)
+        let md = server::run(scale)?;
+        let length = run_queue::Length {
+            rounds: scale.pick(1, 3),
+            seconds: scale.pick(2, 31),
+        };
+        Ok(md + &run_queue::run(&length)?)
     })();
     let down = lab::down();
     md.push_str(&lab_result?);

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::lab::{self, LoadArgs, Page as LabPage};
 
-const STACKPROBE_ARGS: [&str; 6] = [
+pub(super) const STACKPROBE_ARGS: [&str; 6] = [
     "watch", "nginx", "php-fpm", "postgres", "--no-tui", "--json",
 ];
 
@@ -47,7 +47,7 @@ fn scraped_drops(port: u16) -> Result<u64> {
 /// stackprobe times a unix one), TCP handshakes of connects (SYN_SENT →
 /// ESTABLISHED, as stackprobe times a TCP one), TCP state transitions,
 /// postgres exits.
-fn bpftrace_script(php: &str) -> String {
+pub(super) fn bpftrace_script(php: &str) -> String {
     let names = format!("comm == \"nginx\" || comm == \"{php}\" || comm == \"postgres\"");
     format!(
         "tracepoint:syscalls:sys_enter_accept, tracepoint:syscalls:sys_enter_accept4 /{names}/ {{ @a[tid] = nsecs; }}

@@ -53,6 +53,15 @@ impl Tracer {
         Self::start(cmd, "ready")
     }
 
+    /// Any other tracer, attached when it prints `ready`.
+    pub fn command(cmd: Command, ready: &'static str) -> Result<Self> {
+        Self::start(cmd, ready)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     fn start(mut cmd: Command, ready: &'static str) -> Result<Self> {
         let started = Instant::now();
         let mut child = cmd
