@@ -9,6 +9,10 @@ use super::{
     roles::{self, Kind},
 };
 
+mod run_queue;
+
+pub use run_queue::{MIN_RUN_QUEUE_MEAN_NS, MIN_RUN_QUEUE_SHARE, MIN_RUN_QUEUE_WAITS};
+
 /// At least this many accepts in the period before judging forks per accept.
 pub const MIN_ACCEPTS: u64 = 20;
 /// New TIME_WAIT sockets per second on one link worth a word.
@@ -193,6 +197,7 @@ pub fn insights(report: &Report) -> Vec<String> {
                 out.push(listener_lost(role, l, lost.count));
             }
         }
+        out.extend(run_queue::waiting_for_cpu(report, role));
     }
     if report.kind == ReportKind::Interval {
         for link in &report.tcp.links {
