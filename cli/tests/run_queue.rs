@@ -73,6 +73,21 @@ fn account(pid: u32) -> (Account, bool) {
     (sum, all_asleep)
 }
 
+/// The kernel's account and the probes' at one instant: the kernel's read
+/// again after the probes' were drained, until nothing ran in between
+/// (bounded), so that neither counts a run the other missed.
+fn both_accounts(s: &mut Session, pid: u32) -> (Account, Account) {
+    for _ in 0..50 {
+        let kernel = quiet_account(pid);
+        s.collect();
+        let probes = seen(s, pid);
+        if account(pid).0 == kernel {
+            return (kernel, probes);
+        }
+    }
+    panic!("{pid}'s threads kept running while the probes were read");
+}
+
 /// What the probes saw of `pid`, in the same terms.
 fn seen(s: &Session, pid: u32) -> Account {
     let a = &s.collector.table().get(pid).unwrap().activity;
@@ -156,54 +171,53 @@ fn measure(workers: usize, cpu: &str, hogs: usize, work: &str) -> (Account, Acco
     s.collector.probes_mut().watch_pid(pid).unwrap();
     server.send(&format!("workers {workers} {cpu}"));
     assert!(server.line().starts_with("workers "));
-    let kernel_before = quiet_account(pid);
-    s.collect();
-    let seen_before = seen(&s, pid);
+    let (kernel_before, seen_before) = both_accounts(&mut s, pid);
     {
         let _hogs = Hogs::start(hogs, 0);
         server.run(work, "worked");
     }
-    let kernel = minus(quiet_account(pid), kernel_before);
-    s.collect();
-    let probes = minus(seen(&s, pid), seen_before);
+    let (kernel_after, seen_after) = both_accounts(&mut s, pid);
     server.stop();
+    let skipped = s.collector.probes().drops().unwrap().skipped.run_queue;
+    assert_eq!(skipped, 0, "wakeups or switches the kernel skipped");
+    let (kernel, probes) = (
+        minus(kernel_after, kernel_before),
+        minus(seen_after, seen_before),
+    );
     (kernel, probes)
 }
 
-/// `a` within `share` of `b`, or within `floor_ns`.
-fn close(a: u64, b: u64, share: f64, floor_ns: u64) -> bool {
-    a.abs_diff(b) as f64 <= (b as f64 * share).max(floor_ns as f64)
-}
-
 /// The probes' account against the kernel's: the same runs and
-/// preemptions, and the same time, split between waiting and running within
-/// 2 % (or `floor_ns`), less `skipped_ns` per run the kernel counts as
-/// running: a wakeup that preempts an idle CPU skips the clock update of
-/// the switch that follows (`rq_clock_skip_update`), so the kernel's wait
-/// ends at the wakeup's clock and the idle CPU's way out of its idle loop
-/// (~10 µs in these VMs) counts as time on CPU; the probes read the clock
-/// at the switch itself.
-fn assert_matches(kernel: Account, probes: Account, floor_ns: u64, skipped_ns: u64) {
+/// preemptions; waits (and waits and runs together) within 2 % (or
+/// `floor_ns`), plus up to `idle_ns` a run the kernel leaves out of a wait.
+/// A wakeup onto an idle CPU is where the kernel's clock lags the probes':
+/// the switch that follows it skips its clock update
+/// (`rq_clock_skip_update`), so the kernel's wait ends at the wakeup and
+/// the CPU's way out of its idle loop (~10 µs a run in these VMs) counts as
+/// running, or not at all where the idle CPU's clock itself lagged (seen in
+/// the 6.1 guest); the probes read the clock at the switch, as runqlat
+/// does. Never fewer waits than the kernel's.
+fn assert_matches(kernel: Account, probes: Account, floor_ns: u64, idle_ns: u64) {
     let what = format!("kernel {kernel:?}, probes {probes:?}");
     assert_eq!(probes.runs, kernel.runs, "times run: {what}");
     assert_eq!(
         probes.involuntary, kernel.involuntary,
         "involuntary switches: {what}"
     );
+    let slack = |of: u64| ((of as f64 * 0.02) as u64).max(floor_ns);
+    let idle = kernel.runs * idle_ns;
+    let (ours, theirs) = (probes.waited_ns, kernel.waited_ns);
     assert!(
-        close(
-            probes.waited_ns + probes.on_cpu_ns,
-            kernel.waited_ns + kernel.on_cpu_ns,
-            0.02,
-            floor_ns
-        ),
-        "waiting and running together not within 2 %: {what}"
+        ours + slack(theirs) >= theirs && ours <= theirs + slack(theirs) + idle,
+        "run-queue wait not within 2 % (or {floor_ns} ns) and {idle_ns} ns a run: {what}"
     );
-    let slack = ((kernel.waited_ns as f64 * 0.02) as u64).max(floor_ns);
+    let (ours, theirs) = (
+        probes.waited_ns + probes.on_cpu_ns,
+        kernel.waited_ns + kernel.on_cpu_ns,
+    );
     assert!(
-        probes.waited_ns + slack >= kernel.waited_ns
-            && probes.waited_ns <= kernel.waited_ns + slack + kernel.runs * skipped_ns,
-        "run-queue wait not within 2 % (or {floor_ns} ns), and {skipped_ns} ns a run: {what}"
+        ours + slack(theirs) >= theirs && ours <= theirs + slack(theirs) + idle,
+        "waiting and running together not within 2 % (or {floor_ns} ns) and {idle_ns} ns a run: {what}"
     );
 }
 
@@ -221,8 +235,8 @@ fn contended_workers_wait_as_long_as_the_kernel_says() {
 
 #[test]
 fn without_contention_no_wait_is_invented() {
-    // One worker, free to run anywhere, nothing competing on purpose.
-    let (kernel, probes) = measure(1, "any", 0, "work 200 200 1000");
+    // One worker alone on CPU 0, nothing competing on purpose.
+    let (kernel, probes) = measure(1, "0", 0, "work 200 200 1000");
     assert!(kernel.runs >= 200, "{kernel:?}");
     assert_matches(kernel, probes, 1_000_000, 20_000);
 }
