@@ -542,6 +542,21 @@ pub struct Load {
     pub socket_errors: u64,
 }
 
+impl Load {
+    /// Fails if any response was an error or any socket failed; `what`
+    /// names the load in the message.
+    pub fn ensure_clean(&self, what: &str) -> Result<()> {
+        if self.non_2xx > 0 || self.socket_errors > 0 {
+            bail!(
+                "{what}: {} error responses, {} socket errors",
+                self.non_2xx,
+                self.socket_errors
+            );
+        }
+        Ok(())
+    }
+}
+
 pub fn load(args: &LoadArgs) -> Result<()> {
     let (url, out, load) = wrk(args)?;
     print!("{out}");
@@ -550,14 +565,7 @@ pub fn load(args: &LoadArgs) -> Result<()> {
         "lab load: url={url} requests={} per_s={:.1} non_2xx={} socket_errors={}",
         load.requests, load.per_s, load.non_2xx, load.socket_errors
     );
-    if load.non_2xx > 0 || load.socket_errors > 0 {
-        bail!(
-            "{url}: {} error responses, {} socket errors",
-            load.non_2xx,
-            load.socket_errors
-        );
-    }
-    Ok(())
+    load.ensure_clean(&url)
 }
 
 /// Runs wrk against the lab: (url, wrk's output, its totals).

@@ -91,13 +91,7 @@ fn measure(config: Config, load: &LoadArgs, php: &str) -> Result<Run> {
     let (url, _, wrk) = lab::wrk(load)?;
     let progs_after = ours(programs()?);
     let cpu_after = cpu_s(tracer.pid())?;
-    ensure!(
-        wrk.non_2xx == 0 && wrk.socket_errors == 0,
-        "{url} under {}: {} error responses, {} socket errors",
-        config.name(),
-        wrk.non_2xx,
-        wrk.socket_errors
-    );
+    wrk.ensure_clean(&format!("{url} under {}", config.name()))?;
     if matches!(config, Config::Stackprobe | Config::StackprobeRunQueue) {
         let summary = summary(&tracer.stop()?)?;
         ensure!(

@@ -102,13 +102,7 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     let runs_after = new_program_runs(&before)?;
     let cpu_after = cpu()?.unwrap_or(0.0);
     let wall_s = started.elapsed().as_secs_f64();
-    ensure!(
-        wrk.non_2xx == 0 && wrk.socket_errors == 0,
-        "{url} under {}: {} error responses, {} socket errors",
-        config.name(),
-        wrk.non_2xx,
-        wrk.socket_errors
-    );
+    wrk.ensure_clean(&format!("{url} under {}", config.name()))?;
     // Drops are a result here (the server and wrk compete with the tracer
     // for two cores), reported beside the throughput.
     let mut drops = 0;
