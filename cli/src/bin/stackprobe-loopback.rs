@@ -29,7 +29,9 @@
 //!   `workers N CPU|any`  start N threads, pinned to CPU (or not), that
 //!       wait for `work`; replies `workers TID…`
 //!   `work ROUNDS SPIN_US SLEEP_US`  each worker spins SPIN_US µs then
-//!       sleeps SLEEP_US µs, ROUNDS times, and waits again; replies `worked`
+//!       sleeps SLEEP_US µs, ROUNDS times, and waits again; replies `worked
+//!       LATE` (ns the workers' sleeps ended past their due times, summed:
+//!       what a wakeup and the wait for the CPU after it can take at most)
 //!   `exit`  exit (as does end of input)
 //!
 //! `stackprobe-loopback clients tcp|unix ADDR M` opens M connections at
@@ -279,8 +281,8 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                     spin_us: parse(spin_us)?,
                     sleep_us: parse(sleep_us)?,
                 };
-                workers.as_ref().ok_or("no workers")?.run(order)?;
-                say("worked".into())?;
+                let late = workers.as_ref().ok_or("no workers")?.run(order)?;
+                say(format!("worked {late}"))?;
             }
             ["exit"] => break,
             [] => {}
@@ -470,7 +472,8 @@ struct Order {
 struct Workers {
     /// The order's number (each worker runs each number once) and the order.
     orders: std::sync::Arc<(std::sync::Mutex<(u64, Order)>, std::sync::Condvar)>,
-    done: std::sync::mpsc::Receiver<()>,
+    /// Each worker's lateness for an order (see `work`).
+    done: std::sync::mpsc::Receiver<u64>,
     tids: Vec<i32>,
 }
 
@@ -491,6 +494,10 @@ impl Workers {
                 if let Some(cpu) = cpu {
                     pin_to(cpu);
                 }
+                // A sleep then ends when due, not up to 50 µs later: its
+                // lateness is the wakeup's own.
+                // SAFETY: PR_SET_TIMERSLACK takes a number and touches no memory.
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
                 // SAFETY: gettid has no preconditions.
                 let _ = tid_tx.send(unsafe { libc::gettid() });
                 let mut seen = 0;
@@ -504,14 +511,17 @@ impl Workers {
                         seen = guard.0;
                         guard.1
                     };
+                    let mut late = 0;
                     for _ in 0..order.rounds {
                         let until = monotonic_ns() + order.spin_us * 1000;
                         while monotonic_ns() < until {
                             std::hint::spin_loop();
                         }
+                        let due = monotonic_ns() + order.sleep_us * 1000;
                         std::thread::sleep(std::time::Duration::from_micros(order.sleep_us));
+                        late += monotonic_ns().saturating_sub(due);
                     }
-                    if done_tx.send(()).is_err() {
+                    if done_tx.send(late).is_err() {
                         return;
                     }
                 }
@@ -523,18 +533,20 @@ impl Workers {
         Ok(Self { orders, done, tids })
     }
 
-    /// Gives every worker `order` and waits until all have carried it out.
-    fn run(&self, order: Order) -> Result<()> {
+    /// Gives every worker `order` and waits until all have carried it out;
+    /// returns their lateness, summed.
+    fn run(&self, order: Order) -> Result<u64> {
         {
             let (lock, wake) = &*self.orders;
             let mut guard = lock.lock().unwrap_or_else(|e| e.into_inner());
             *guard = (guard.0 + 1, order);
             wake.notify_all();
         }
+        let mut late = 0;
         for _ in &self.tids {
-            self.done.recv().map_err(|_| "a worker died")?;
+            late += self.done.recv().map_err(|_| "a worker died")?;
         }
-        Ok(())
+        Ok(late)
     }
 }
 
