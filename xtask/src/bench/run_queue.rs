@@ -51,11 +51,14 @@ impl Config {
             Config::StackprobeRunQueue => {
                 Tracer::stackprobe(&[&STACKPROBE_ARGS[..], &["--run-queue"]].concat())
             }
-            // One histogram per process, printed only at the end.
+            // One histogram per process, printed only at the end. Its
+            // stdout is a pipe here, which stdio would buffer whole: line
+            // buffering lets its "Tracing" line say it attached (stdbuf
+            // execs it, so the pid is runqlat's).
             Config::Runqlat => Tracer::command(
                 {
-                    let mut cmd = Command::new("runqlat");
-                    cmd.args(["-P", "3600", "1"]);
+                    let mut cmd = Command::new("stdbuf");
+                    cmd.args(["-oL", "runqlat", "-P", "3600", "1"]);
                     cmd
                 },
                 "Tracing run queue latency",
