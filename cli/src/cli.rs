@@ -188,6 +188,12 @@ pub struct WatchArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
 
+    /// Guard the --listen endpoint as this web config file says (the format
+    /// Prometheus exporters share): TLS with its certificate and key, and
+    /// basic authentication against bcrypt hashes (docs/metrics.md).
+    #[arg(long = "web.config.file", value_name = "PATH", requires = "listen")]
+    pub web_config: Option<std::path::PathBuf>,
+
     /// Record every interval's histograms (per role and metric) to this file,
     /// as an HdrHistogram interval log; read it with `stackprobe report`.
     #[arg(long, value_name = "FILE")]
@@ -257,6 +263,11 @@ pub struct AgentArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
     pub listen: std::net::SocketAddr,
 
+    /// Serve them over TLS, to the users it names, as this web config file
+    /// says (the format Prometheus exporters share; docs/metrics.md).
+    #[arg(long = "web.config.file", value_name = "PATH")]
+    pub web_config: Option<std::path::PathBuf>,
+
     /// How often the metrics are brought up to date (as often as
     /// Prometheus scrapes is enough).
     #[arg(long, default_value = "15s", value_parser = parse_positive_duration)]
@@ -286,6 +297,7 @@ impl AgentArgs {
                 no_tui: true,
             },
             listen: Some(self.listen),
+            web_config: self.web_config,
             record: None,
             force: false,
             probe_cost: self.probe_cost,

@@ -113,6 +113,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             duration: None,
             output: args.output,
             listen: None,
+            web_config: None,
             record: None,
             force: false,
             probe_cost: false,

@@ -18,6 +18,7 @@ use crate::cli::{Selection, WatchArgs};
 use stackprobe_collector::{Collector, cgroups, containers::Containers};
 use stackprobe_model::selector::Selector;
 use stackprobe_output::{
+    export::prometheus::WebConfig,
     sink::{
         Flow, Sink as _, Sinks,
         dashboard::{Actions, DashboardSink},
@@ -73,6 +74,12 @@ fn selector(args: &Selection) -> Result<Selector> {
 }
 
 async fn watch(args: WatchArgs, control: Control) -> Result<()> {
+    // Before the probes load: a mistake in it should cost nothing.
+    let web = args
+        .web_config
+        .as_deref()
+        .map(WebConfig::load)
+        .transpose()?;
     let selector = selector(&args.select)?;
     let names = selector.names().join(" or ");
     let mut collector = Collector::start(
@@ -91,7 +98,7 @@ async fn watch(args: WatchArgs, control: Control) -> Result<()> {
     let tui =
         !args.headless && !args.output.json && !args.output.no_tui && io::stdout().is_terminal();
     let metrics = match args.listen {
-        Some(addr) => Some(Metrics::start(addr).await?),
+        Some(addr) => Some(Metrics::start(addr, web).await?),
         None => None,
     };
     let recording = args

@@ -5,16 +5,25 @@ use std::net::SocketAddr;
 use anyhow::Result;
 
 use super::{Flow, Sink};
-use crate::export::prometheus::{Endpoint, Snapshot};
+use crate::export::prometheus::{Endpoint, Snapshot, WebConfig};
 use stackprobe_model::frame::Frame;
 
 pub struct Metrics(Endpoint);
 
 impl Metrics {
-    /// Binds `addr` on the current tokio runtime.
-    pub async fn start(addr: SocketAddr) -> Result<Self> {
-        let endpoint = Endpoint::start(addr).await?;
-        eprintln!("stackprobe: metrics on http://{}/metrics", endpoint.addr);
+    /// Binds `addr` on the current tokio runtime; TLS and basic
+    /// authentication as `web` says.
+    pub async fn start(addr: SocketAddr, web: Option<WebConfig>) -> Result<Self> {
+        let scheme = if web.as_ref().is_some_and(WebConfig::tls) {
+            "https"
+        } else {
+            "http"
+        };
+        let endpoint = Endpoint::start(addr, web).await?;
+        eprintln!(
+            "stackprobe: metrics on {scheme}://{}/metrics",
+            endpoint.addr
+        );
         Ok(Self(endpoint))
     }
 }

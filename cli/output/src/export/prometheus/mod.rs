@@ -11,14 +11,19 @@
 //! - `buckets`: a histogram's classic and native buckets
 //! - `encoder`: the snapshot as metric families (names, labels, help)
 //! - `endpoint`: the HTTP server and the format a scrape asks for
+//! - `web_config`: `--web.config.file`, TLS and basic authentication
+//! - `auth`: basic authentication against bcrypt hashes
 
+mod auth;
 mod buckets;
 mod encoder;
 mod endpoint;
 mod snapshot;
+mod web_config;
 
 pub use endpoint::Endpoint;
 pub use snapshot::Snapshot;
+pub use web_config::WebConfig;
 
 #[cfg(test)]
 mod tests {
