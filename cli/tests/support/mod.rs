@@ -11,6 +11,7 @@ mod netns;
 mod programs;
 mod server;
 mod system;
+mod tls;
 
 // Each test binary uses its own part of these.
 #[allow(unused_imports)]
@@ -23,6 +24,8 @@ pub use programs::*;
 pub use server::*;
 #[allow(unused_imports)]
 pub use system::*;
+#[allow(unused_imports)]
+pub use tls::*;
 
 use stackprobe_model::measure::Latency;
 use std::sync::{Mutex, MutexGuard};
