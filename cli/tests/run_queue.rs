@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use probes_common::stats::Stat;
 use stackprobe_model::measure::{Count, Latency};
 use stackprobe_probes::Options;
 use support::*;
@@ -248,4 +249,91 @@ fn without_contention_no_wait_is_invented() {
     let (kernel, probes, late) = measure(1, "0", 0, "work 200 200 1000");
     assert!(kernel.runs >= 200, "{kernel:?}");
     assert_matches(kernel, probes, 1_000_000, late);
+}
+
+/// What the probes saw of `child`'s role: the kernel keeps the samples of
+/// a process forked after the probes attached under its parent, and they go
+/// to the role of the parent's children.
+fn seen_in_role(s: &Session, child: u32) -> Account {
+    let table = s.collector.table();
+    let role = table.get(child).unwrap().role();
+    let roles = table.roles(stackprobe_model::process::Span::Whole);
+    let a = &roles[&role].1;
+    Account {
+        on_cpu_ns: a.latency[Latency::OnCpu].total.sum_ns() as u64,
+        waited_ns: a.latency[Latency::RunQueue].total.sum_ns() as u64,
+        runs: a.latency[Latency::RunQueue].total.count(),
+        involuntary: a.counts[Count::Preempted].total,
+    }
+}
+
+#[test]
+fn a_process_forked_after_the_start_waits_as_long_as_the_kernel_says_in_its_role() {
+    let _lock = probe_lock();
+    let mut s = Session::try_start(Options {
+        run_queue: true,
+        ..Options::default()
+    })
+    .expect("loading the probes with the run-queue probe");
+    let mut server = Server::start(None);
+    let parent = server.pid;
+    s.collector.probes_mut().watch_pid(parent).unwrap();
+    // Forked now, it is watched as the parent's child: the kernel keeps its
+    // samples under the parent, with no histogram of its own to allocate.
+    let child = server.fork();
+    server.send("workers 1 0");
+    assert!(server.line().starts_with("workers "));
+    let accounts = |s: &mut Session| {
+        for _ in 0..50 {
+            let kernel = quiet_account(child);
+            s.collect();
+            let probes = seen_in_role(s, child);
+            if account(child).0 == kernel {
+                return (kernel, probes);
+            }
+        }
+        panic!("{child}'s threads kept running while the probes were read");
+    };
+    let (kernel_before, seen_before) = accounts(&mut s);
+    let parent_before = own(&s, parent);
+    {
+        let _hogs = Hogs::start(1, 0);
+        server.send("work 100 2000 1000");
+        let reply = server.line();
+        assert!(reply.starts_with("worked "), "{reply}");
+    }
+    let (kernel_after, seen_after) = accounts(&mut s);
+    server.stop();
+    let drops = s.collector.probes().drops().unwrap();
+    assert_eq!(
+        drops.skipped.run_queue, 0,
+        "wakeups or switches the kernel skipped"
+    );
+    assert_eq!(
+        drops.stat(Stat::HistFull),
+        0,
+        "samples the kernel could not record"
+    );
+    let (kernel, probes) = (
+        minus(kernel_after, kernel_before),
+        minus(seen_after, seen_before),
+    );
+    assert!(
+        kernel.waited_ns > 50_000_000,
+        "the test made too little contention to measure: {kernel:?}"
+    );
+    assert_matches(kernel, probes, 0, 0);
+    assert_eq!(
+        (own(&s, parent), own(&s, child)),
+        (parent_before, 0),
+        "the parent, blocked in waitpid, waited for nothing meanwhile, and the child has no \
+         histogram of its own"
+    );
+}
+
+/// The run-queue samples in `pid`'s own histogram.
+fn own(s: &Session, pid: u32) -> u64 {
+    s.collector.table().get(pid).unwrap().activity.latency[Latency::RunQueue]
+        .total
+        .count()
 }

@@ -130,6 +130,12 @@ impl HistMetric {
         )
     }
 
+    /// Whether the samples are the run-queue probe's (their path says
+    /// whose process they are, see run_queue::CHILDREN_PATH).
+    pub fn is_run_queue(self) -> bool {
+        matches!(self, Self::RunQueue | Self::OnCpu | Self::Preempted)
+    }
+
     pub fn from_u32(metric: u32) -> Option<Self> {
         Self::ALL.get(metric as usize).copied()
     }

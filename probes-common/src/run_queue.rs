@@ -46,10 +46,21 @@ macro_rules! run_queue_members {
         $($then)::+! {
             RUNQ_TASK_TGID: task_struct.tgid,
             RUNQ_TASK_PID: task_struct.pid,
+            RUNQ_TASK_REAL_PARENT: task_struct.real_parent,
         }
     };
 }
 pub const RUN_QUEUE_MEMBERS: &[MemberOffset] = &run_queue_members!(crate::member_table);
+
+/// The histogram path of a process's samples kept under its parent: those
+/// of every watched process forked after the probes attached, whose parent
+/// is watched too. A histogram is a 9 KB value per CPU, which the kernel
+/// allocates without sleeping in the switch path: where a process is
+/// forked per request (postgres without persistent connections) those
+/// allocations failed by the hundred a second, and the samples with them.
+/// One histogram per parent is allocated once; userspace counts it in the
+/// role of the parent's children.
+pub const CHILDREN_PATH: u64 = 1;
 
 /// One thread's slot: whose it is, since when it has been runnable (0: not
 /// waiting) and when it last went on a CPU (0: not seen).

@@ -4,9 +4,15 @@
 //! watch-set lookup, nothing more.
 
 use aya_ebpf::{Global, macros::btf_tracepoint, programs::BtfTracePointContext};
-use probes_common::hist::HistMetric;
+use probes_common::{hist::HistMetric, run_queue::CHILDREN_PATH};
 
-use crate::{clock::now, hist, memory, offsets::offset_globals, slots, watch_set::is_watched};
+use crate::{
+    clock::now,
+    hist, memory,
+    offsets::offset_globals,
+    slots,
+    watch_set::{is_forked, is_watched},
+};
 
 probes_common::run_queue_members!(offset_globals);
 
@@ -28,6 +34,31 @@ impl Task {
     #[inline(always)]
     fn tid(self) -> u32 {
         memory::btf(self.0, &RUNQ_TASK_PID)
+    }
+
+    /// Its parent's process id (`real_parent`: the forker, not a tracer).
+    #[inline(always)]
+    fn parent_tgid(self) -> u32 {
+        // The verifier types the loaded pointer as the task it is.
+        let parent = memory::btf::<u64>(self.0, &RUNQ_TASK_REAL_PARENT) as *const u8;
+        if parent.is_null() {
+            return 0;
+        }
+        memory::btf(parent, &RUNQ_TASK_TGID)
+    }
+
+    /// Where its process's samples go: its own histograms, or for a process
+    /// forked by a watched one after the probes attached, its parent's
+    /// children's (see [`CHILDREN_PATH`]).
+    #[inline(always)]
+    fn hist_owner(self, tgid: u32) -> (u32, u64) {
+        if is_forked(tgid) {
+            let parent = self.parent_tgid();
+            if is_watched(parent) {
+                return (parent, CHILDREN_PATH);
+            }
+        }
+        (tgid, 0)
     }
 
     /// Its state is TASK_RUNNING (0). The low 32 bits of the older `long
@@ -107,12 +138,21 @@ fn switched_out(task: Task, tgid: u32, preempt: bool, now: u64) {
     let Some(slot) = slots::run(tid) else {
         return;
     };
-    if slot.tid == tid && slot.ran_ns != 0 {
-        hist::record(tgid, HistMetric::OnCpu, 0, now.saturating_sub(slot.ran_ns));
-    }
+    let ran = slot.tid == tid && slot.ran_ns != 0;
     let runnable = preempt || task.is_running();
-    if runnable {
-        hist::record(tgid, HistMetric::Preempted, 0, 0);
+    if ran || runnable {
+        let (owner, path) = task.hist_owner(tgid);
+        if ran {
+            hist::record(
+                owner,
+                HistMetric::OnCpu,
+                path,
+                now.saturating_sub(slot.ran_ns),
+            );
+        }
+        if runnable {
+            hist::record(owner, HistMetric::Preempted, path, 0);
+        }
     }
     slot.tid = tid;
     slot.ran_ns = 0;
@@ -127,10 +167,11 @@ fn switched_in(task: Task, tgid: u32, now: u64) {
         return;
     };
     if slot.tid == tid && slot.runnable_ns != 0 {
+        let (owner, path) = task.hist_owner(tgid);
         hist::record(
-            tgid,
+            owner,
             HistMetric::RunQueue,
-            0,
+            path,
             now.saturating_sub(slot.runnable_ns),
         );
     }

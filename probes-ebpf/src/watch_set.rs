@@ -31,6 +31,14 @@ pub fn is_watched(tgid: u32) -> bool {
     byte(tgid).is_some_and(|b| unsafe { *b } != 0)
 }
 
+/// Whether `tgid` is watched because a watched process forked it (see
+/// [`WatchReason::Forked`]).
+#[inline(always)]
+pub fn is_forked(tgid: u32) -> bool {
+    // SAFETY: as in `is_watched`.
+    byte(tgid).is_some_and(|b| unsafe { *b } == WatchReason::Forked as u8)
+}
+
 /// Adds `pid` to the set, or counts it as a drop if it lies past the set.
 pub fn watch(pid: u32, reason: WatchReason) {
     match byte(pid) {

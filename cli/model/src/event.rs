@@ -65,6 +65,10 @@ pub struct HistDelta {
     /// listening socket accepted from (`127.0.0.1:5432` or a unix path); for
     /// connect metrics, the destination (the same forms).
     pub path: Option<String>,
+    /// The samples are of `tgid`'s children rather than its own: run-queue
+    /// samples of processes it forked after the probes attached (see
+    /// probes_common::run_queue::CHILDREN_PATH).
+    pub of_children: bool,
     pub metric: HistMetric,
     pub count: u64,
     /// Exact sum of the samples.

@@ -314,6 +314,7 @@ mod tests {
             tgid,
             comm: Some(comm.into()),
             path: None,
+            of_children: false,
             metric,
             count: n,
             sum_ns: n * ns,

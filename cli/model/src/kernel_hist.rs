@@ -5,7 +5,10 @@
 
 use std::collections::HashMap;
 
-use probes_common::hist::{BUCKETS, HistKey, HistMetric, HistValue, bucket_bounds, bucket_value};
+use probes_common::{
+    hist::{BUCKETS, HistKey, HistMetric, HistValue, bucket_bounds, bucket_value},
+    run_queue::CHILDREN_PATH,
+};
 
 use crate::event::HistDelta;
 
@@ -174,6 +177,7 @@ impl HistReads {
             tgid: key.tgid,
             comm: comm(),
             path: None,
+            of_children: metric.is_run_queue() && key.path == CHILDREN_PATH,
             metric,
             count: gain.count,
             sum_ns: gain.sum,

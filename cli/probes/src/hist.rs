@@ -98,6 +98,8 @@ impl KernelHists {
         for (key, gone, mut d) in gained {
             d.path = if d.metric.is_connect() {
                 self.destination(ebpf, key.path)
+            } else if d.metric.is_run_queue() {
+                None
             } else {
                 self.listener(key, gone)
             };

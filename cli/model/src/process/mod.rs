@@ -128,7 +128,15 @@ pub struct ProcessTable {
     /// before: what the kernel's histograms gained for them is read after
     /// their exit was applied, and goes to their role.
     exited_roles: [BTreeMap<u32, String>; 2],
+    /// The role each parent's latest child retired into: where run-queue
+    /// samples the kernel kept under the parent for children that are
+    /// gone go (see `HistDelta::of_children`).
+    children_roles: BTreeMap<u32, String>,
 }
+
+/// Parents whose children's role is remembered, at most: past it, the
+/// memory starts again (a parent's next child retiring names it anew).
+const MAX_CHILDREN_ROLES: usize = 4096;
 
 impl ProcessTable {
     pub fn apply(&mut self, event: &Event) {
@@ -153,6 +161,11 @@ impl ProcessTable {
     }
 
     fn record_hist(&mut self, d: &HistDelta) {
+        if d.of_children {
+            let role = self.children_role(d.tgid);
+            self.retired_role(role).record_kernel(d);
+            return;
+        }
         let exited_role = (!self.procs.contains_key(&d.tgid))
             .then(|| {
                 self.exited_roles
@@ -227,10 +240,39 @@ impl ProcessTable {
         self.retire(s.tgid);
     }
 
+    /// The role of `parent`'s children, for samples the kernel kept under
+    /// the parent: that of its newest live child whose role is settled,
+    /// else the role its latest child retired into, else the role a child
+    /// of its name that set no title takes.
+    fn children_role(&self, parent: u32) -> String {
+        let newest_live = self
+            .procs
+            .values()
+            .filter(|p| p.parent.as_ref().is_some_and(|(pid, _)| *pid == parent))
+            .filter(|p| p.role_settled())
+            .max_by_key(|p| p.born_ns);
+        if let Some(child) = newest_live {
+            return child.role();
+        }
+        if let Some(role) = self.children_roles.get(&parent) {
+            return role.clone();
+        }
+        match self.procs.get(&parent) {
+            Some(p) => roles::role(&p.name, None, Some(&p.name), false),
+            None => format!("[{parent}]"),
+        }
+    }
+
     /// Removes `pid`, adding its numbers to its role's totals.
     fn retire(&mut self, pid: u32) {
         if let Some(proc) = self.procs.remove(&pid) {
             let role = self.retiring_role(&proc);
+            if let Some((parent, _)) = proc.parent {
+                if self.children_roles.len() >= MAX_CHILDREN_ROLES {
+                    self.children_roles.clear();
+                }
+                self.children_roles.insert(parent, role.clone());
+            }
             self.exited_roles[0].insert(pid, role.clone());
             // Its sockets keep counting on its links under this role.
             self.links.remember_role(pid, role.clone());

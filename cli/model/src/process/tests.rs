@@ -59,6 +59,7 @@ fn hist(tgid: u32, metric: HistMetric, count: u64) -> Event {
         comm: None,
         metric,
         path: None,
+        of_children: false,
         count,
         sum_ns: 2_000 * count,
         min_ns: 2_000,
@@ -466,5 +467,56 @@ fn a_daemonized_master_is_one_master_with_its_short_lived_parent() {
             master.latency[Latency::Thread].total.count()
         ),
         (1, 1)
+    );
+}
+
+/// Run-queue samples the kernel kept under `parent` for its children.
+fn children_run_queue(parent: u32, count: u64) -> Event {
+    Event::Hist(HistDelta {
+        of_children: true,
+        ..match hist(parent, HistMetric::RunQueue, count) {
+            Event::Hist(d) => d,
+            _ => unreachable!(),
+        }
+    })
+}
+
+#[test]
+fn run_queue_samples_kept_under_a_parent_go_to_its_childrens_role() {
+    let mut t = ProcessTable::default();
+    t.sync_watched(&[live(1, "postgres")]);
+    t.apply(&spawn(1, 50, "postgres", 0));
+    t.apply(&spawn(1, 51, "postgres", 0));
+    // No child gone yet: the live ones' role.
+    t.apply(&children_run_queue(1, 3));
+    t.apply(&exit(50, 9_000_000));
+    t.apply(&exit(51, 9_000_000));
+    // Every child gone: the role the latest retired into.
+    t.apply(&children_run_queue(1, 4));
+    let roles = t.roles(Span::Whole);
+    let waits = |role: &str| roles[role].1.latency[Latency::RunQueue].total.count();
+    assert_eq!(waits("postgres backend"), 7);
+    assert_eq!(waits("postgres postmaster"), 0, "not the parent's own");
+    assert_eq!(
+        t.get(1).unwrap().activity.latency[Latency::RunQueue]
+            .total
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn run_queue_samples_of_an_unknown_parents_children_are_named_by_its_pid() {
+    let mut t = ProcessTable::default();
+    t.sync_watched(&[live(1, "postgres")]);
+    t.apply(&spawn(1, 50, "postgres", 0));
+    t.apply(&exit(50, 9_000_000));
+    t.apply(&children_run_queue(7, 2));
+    assert_eq!(
+        t.roles(Span::Whole)["[7]"].1.latency[Latency::RunQueue]
+            .total
+            .count(),
+        2,
+        "an unknown parent's children are named by its pid"
     );
 }

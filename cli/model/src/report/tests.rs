@@ -321,6 +321,7 @@ fn a_role_with_no_process_and_nothing_in_the_period_has_no_row() {
         tgid: 2,
         comm: None,
         path: None,
+        of_children: false,
         metric: crate::event::HistMetric::AcceptUntimed,
         count: 1,
         sum_ns: 0,
