@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(
     name = "stackprobe",
-    version,
+    // The crate version and the commit (cli/build.rs).
+    version = env!("STACKPROBE_VERSION"),
     about = "eBPF latency profiler for nginx / php-fpm / postgres stacks"
 )]
 pub struct Cli {
@@ -39,6 +40,28 @@ pub enum Command {
     /// One of `demo`'s servers, in its own process so it can be watched by pid.
     #[command(hide = true)]
     DemoServer(DemoServerArgs),
+    /// Print the completion script for bash, zsh or fish to stdout.
+    ///
+    /// The Debian package installs all three. Otherwise, for one user:
+    /// `stackprobe completions bash > ~/.local/share/bash-completion/completions/stackprobe`,
+    /// `stackprobe completions fish > ~/.config/fish/completions/stackprobe.fish`,
+    /// or for zsh into a directory of $fpath as `_stackprobe`.
+    Completions {
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Write the man pages, stackprobe.1 and one per subcommand, into DIR
+    /// (`cargo xtask dist` packs them).
+    #[command(hide = true)]
+    Manpages { dir: std::path::PathBuf },
+}
+
+/// The shells `stackprobe completions` writes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Debug, Args)]

@@ -13,6 +13,8 @@ fn main() -> ExitCode {
         Command::Doctor => stackprobe::cmd::doctor::run(),
         Command::Demo(args) => stackprobe::cmd::demo::run(args),
         Command::DemoServer(args) => stackprobe::cmd::demo::serve(args),
+        Command::Completions { shell } => stackprobe::cmd::completions::print(shell),
+        Command::Manpages { dir } => stackprobe::cmd::completions::manpages(&dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

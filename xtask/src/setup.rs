@@ -19,13 +19,18 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests use: setpriv (util-linux) drops privileges in the
 /// "not root" test, ss (iproute2) checks TIME_WAIT counts, tmux drives the
 /// dashboard in a real terminal, fonts-dejavu-core gives `report --plot` a
-/// font to draw labels with.
-const APT_PACKAGES: [&str; 5] = [
+/// font to draw labels with; man-db, zsh and fish check what the package
+/// ships (man pages rendered, completion scripts parsed:
+/// cli/tests/install_artifacts.rs).
+const APT_PACKAGES: [&str; 8] = [
     "util-linux",
     "iproute2",
     "tmux",
     "fonts-dejavu-core",
     "prometheus",
+    "man-db",
+    "zsh",
+    "fish",
 ];
 
 /// Where bpf-linker lives; cli/build.rs looks here too. It must persist: its

@@ -1,5 +1,6 @@
 //! Subcommands: each wires probes, model and views together.
 
+pub mod completions;
 pub mod demo;
 pub mod diff;
 pub mod doctor;
