@@ -123,9 +123,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
             // The demo's own servers: what the flag costs a busy host does
             // not matter here.
             unix_service_time: true,
-            // Off: with it, the forking demo dropped 90 samples in CI
-            // (a child per connection, a run-queue histogram each).
-            run_queue: false,
+            // Its children count under the forking server (see
+            // probes_common::run_queue::CHILDREN_PATH), so a child per
+            // connection allocates nothing in the switch path.
+            run_queue: true,
             log_probes: false,
             headless: false,
         },
