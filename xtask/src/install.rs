@@ -9,11 +9,20 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::process::{cargo, run_cmd, workspace_root};
+use crate::process::{capture, cargo, run_cmd, workspace_root};
 
 pub const UNIT: &str = "stackprobe-agent.service";
 const UNIT_DIR: &str = "etc/systemd/system";
-/// The agent's arguments (EnvironmentFile of the unit).
+/// The agent's arguments (EnvironmentFile of the unit). The Debian package
+/// (`cargo xtask dist`) owns the same path as a conffile, and both units
+/// read it: one place for the arguments, whichever way stackprobe came.
+/// So this never overwrites it (see `place_unit`). Installing the package
+/// over it, dpkg takes an unedited copy as its own and asks about an
+/// edited one (keeping it by default). The binary and the unit, by contrast,
+/// go where the package never puts anything (/usr/local/bin,
+/// /etc/systemd/system, which systemd reads before the package's
+/// /usr/lib/systemd/system): a local build overrides the package, and
+/// neither removes the other's files.
 const DEFAULTS: &str = "etc/default/stackprobe-agent";
 
 #[derive(clap::Args)]
@@ -43,6 +52,12 @@ pub fn run(args: &InstallArgs) -> Result<()> {
     )?;
     place_unit(&args.root)?;
     let live = args.root == Path::new("/");
+    if live && packaged() {
+        eprintln!(
+            "xtask: the stackprobe package is installed too: /usr/local/bin/stackprobe and \
+             /{UNIT_DIR}/{UNIT} now take precedence over its /usr/bin/stackprobe and unit"
+        );
+    }
     // Whether systemd runs this machine (sd_booted's test).
     let systemd = live && Path::new("/run/systemd/system").exists();
     if systemd {
@@ -78,6 +93,12 @@ pub fn run(args: &InstallArgs) -> Result<()> {
         }
     );
     Ok(())
+}
+
+/// Whether the Debian package `cargo xtask dist` builds is installed here.
+fn packaged() -> bool {
+    capture(Command::new("dpkg-query").args(["-W", "-f=${Status}", "stackprobe"]))
+        .is_ok_and(|s| s.contains("install ok installed"))
 }
 
 /// Puts the unit and its defaults under `root`: the unit replaced (it is

@@ -1,9 +1,10 @@
-//! Orchestration: `cargo xtask setup | build | run | install | test`, and
+//! Orchestration: `cargo xtask setup | build | run | install | dist | test`, and
 //! the checks and benchmarks around them.
 //! The eBPF object itself is built by cli/probes/build.rs (aya-build); this only
 //! makes sure the tools it needs are there, and drives cargo.
 
 mod bench;
+mod dist;
 mod install;
 mod lab;
 mod layers;
@@ -39,6 +40,11 @@ enum Task {
     /// Set up, build and install `stackprobe` into /usr/local/bin, and the
     /// agent's systemd unit (enabled only with --enable-agent).
     Install(install::InstallArgs),
+    /// Build the release binary and a Debian package of it (binary, man
+    /// pages, completions, docs, the agent's unit neither enabled nor
+    /// started) into target/dist with SHA256SUMS, then check what the
+    /// package holds and what its scripts do. Installs cargo-deb if needed.
+    Dist,
     /// Set up, then run the whole test suite: formatting, clippy, the
     /// layers' dependencies (check-layers), module cycles (check-modules),
     /// unit tests, the root-only integration tests
@@ -127,6 +133,7 @@ fn main() -> ExitCode {
         Task::Build => setup::run().and_then(|()| tasks::build()),
         Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
         Task::Install(args) => setup::run().and_then(|()| install::run(&args)),
+        Task::Dist => setup::run().and_then(|()| dist::run()),
         // The lab tests run the real stack, so its packages come first.
         Task::Test { no_vm } => setup::run()
             .and_then(|()| setup::apt_packages(&lab::PACKAGES))

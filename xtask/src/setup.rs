@@ -16,6 +16,11 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use crate::process::{capture, run_cmd};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// For `cargo xtask dist` only, so installed there and not by `setup`. Pinned
+/// like bpf-linker, to a release that builds with the workspace's
+/// rust-version (3.8.0 needs 1.85): an unpinned install takes the newest,
+/// whatever rustc it needs.
+const CARGO_DEB_VERSION: &str = "3.8.0";
 /// Debian packages the tests use: setpriv (util-linux) drops privileges in the
 /// "not root" test, ss (iproute2) checks TIME_WAIT counts, tmux drives the
 /// dashboard in a real terminal, fonts-dejavu-core gives `report --plot` a
@@ -141,6 +146,24 @@ fn bpf_linker() -> Result<()> {
     }
     fs::write(&stamp, &wanted)?;
     Ok(())
+}
+
+/// cargo-deb into cargo's own bin directory, where `cargo deb` finds it;
+/// reinstalled when another version is there.
+pub fn cargo_deb() -> Result<()> {
+    let installed = capture(Command::new("cargo").args(["deb", "--version"]));
+    if installed.is_ok_and(|v| v.split_whitespace().any(|w| w == CARGO_DEB_VERSION)) {
+        return Ok(());
+    }
+    eprintln!("xtask: building cargo-deb {CARGO_DEB_VERSION} (a few minutes, once)");
+    run_cmd(Command::new("cargo").args([
+        "install",
+        "cargo-deb",
+        "--version",
+        CARGO_DEB_VERSION,
+        "--locked",
+        "--force",
+    ]))
 }
 
 fn works(binary: &Path) -> bool {
