@@ -170,6 +170,9 @@ fn measure(workers: usize, cpu: &str, hogs: usize, work: &str) -> (Account, Acco
     .expect("loading the probes with the run-queue probe");
     let mut server = Server::start(None);
     let pid = server.pid;
+    // Asleep when watched: a thread runnable then would run without a
+    // wait the probes saw start.
+    quiet_account(pid);
     s.collector.probes_mut().watch_pid(pid).unwrap();
     server.send(&format!("workers {workers} {cpu}"));
     assert!(server.line().starts_with("workers "));
@@ -277,6 +280,7 @@ fn a_process_forked_after_the_start_waits_as_long_as_the_kernel_says_in_its_role
     .expect("loading the probes with the run-queue probe");
     let mut server = Server::start(None);
     let parent = server.pid;
+    quiet_account(parent);
     s.collector.probes_mut().watch_pid(parent).unwrap();
     // Forked now, it is watched as the parent's child: the kernel keeps its
     // samples under the parent, with no histogram of its own to allocate.
