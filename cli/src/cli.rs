@@ -260,8 +260,9 @@ pub struct WatchArgs {
 
     /// Also measure how long watched threads wait for a CPU (run-queue
     /// latency), their time on it and how often they are preempted. Off by
-    /// default: it runs a program on every context switch on the host
-    /// (its cost: BENCHMARKS.md).
+    /// default: it runs a program on every context switch and wakeup on the
+    /// host, which raised stackprobe's CPU per request by 25-60 % on the
+    /// lab's pages (BENCHMARKS.md, section 6).
     #[arg(long)]
     pub run_queue: bool,
 
@@ -302,7 +303,8 @@ pub struct AgentArgs {
     pub probe_cost: bool,
 
     /// Also serve run-queue latency, on-CPU time and preemptions (see
-    /// `watch --run-queue`).
+    /// `watch --run-queue`: off by default for its cost, 25-60 % more CPU
+    /// per request on the lab's pages).
     #[arg(long)]
     pub run_queue: bool,
 }

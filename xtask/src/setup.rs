@@ -26,8 +26,9 @@ const CARGO_DEB_VERSION: &str = "3.8.0";
 /// dashboard in a real terminal, fonts-dejavu-core gives `report --plot` a
 /// font to draw labels with; man-db, zsh and fish check what the package
 /// ships (man pages rendered, completion scripts parsed:
-/// cli/tests/install_artifacts.rs).
-const APT_PACKAGES: [&str; 8] = [
+/// cli/tests/install_artifacts.rs); openssl makes the certificates the
+/// secured endpoint's test serves (cli/tests/prometheus_tls.rs).
+const APT_PACKAGES: [&str; 9] = [
     "util-linux",
     "iproute2",
     "tmux",
@@ -36,6 +37,7 @@ const APT_PACKAGES: [&str; 8] = [
     "man-db",
     "zsh",
     "fish",
+    "openssl",
 ];
 
 /// Where bpf-linker lives; cli/build.rs looks here too. It must persist: its
