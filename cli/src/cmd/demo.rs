@@ -123,10 +123,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
             // The demo's own servers: what the flag costs a busy host does
             // not matter here.
             unix_service_time: true,
-            // Its children count under the forking server (see
-            // probes_common::run_queue::CHILDREN_PATH), so a child per
-            // connection allocates nothing in the switch path.
-            run_queue: true,
+            // Off, as in `watch`: the demo shows what a first run shows.
+            run_queue: false,
             log_probes: false,
             headless: false,
         },
