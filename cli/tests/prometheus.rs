@@ -7,11 +7,7 @@
 
 mod support;
 
-use std::{
-    process::{Child, Command, Stdio},
-    thread,
-    time::{Duration, Instant},
-};
+use std::{thread, time::Duration};
 
 use serde_json::Value;
 use support::*;
@@ -21,89 +17,6 @@ fn get_ok(addr: &str, path: &str) -> String {
     let (head, body) = http_get(addr, path);
     assert!(head.contains(" 200 "), "{head}\n{body}");
     body
-}
-
-/// Percent-encodes a PromQL query for a URL.
-fn encode(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A Prometheus server on loopback, killed on drop.
-struct Prometheus {
-    child: Child,
-    addr: String,
-    _dir: TempDir,
-}
-
-impl Prometheus {
-    fn start(targets: &[String]) -> Self {
-        let dir = TempDir::new("prometheus");
-        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
-        let config = format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: stackprobe\n    static_configs:\n      - targets: [{}]\n",
-            targets.join(", ")
-        );
-        let config_path = dir.0.join("prometheus.yml");
-        std::fs::write(&config_path, config).unwrap();
-        let addr = format!("127.0.0.1:{}", free_port());
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.0.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--enable-feature=native-histograms")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("running prometheus (cargo xtask setup installs it)");
-        Self {
-            child,
-            addr,
-            _dir: dir,
-        }
-    }
-
-    /// The result vector of an instant query.
-    fn query(&self, q: &str) -> Vec<Value> {
-        let body = get_ok(&self.addr, &format!("/api/v1/query?query={}", encode(q)));
-        let v: Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(v["status"], "success", "{q}: {v}");
-        v["data"]["result"].as_array().unwrap().clone()
-    }
-
-    /// Queries until `done` holds on the result (bounded: Prometheus
-    /// starts, then scrapes each second).
-    fn query_until(&self, q: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = std::net::TcpStream::connect(&self.addr).is_ok();
-            if ready {
-                let r = self.query(q);
-                if done(&r) || Instant::now() > deadline {
-                    return r;
-                }
-            } else if Instant::now() > deadline {
-                panic!("prometheus did not start on {}", self.addr);
-            }
-            thread::sleep(Duration::from_millis(250));
-        }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `stackprobe agent --pid PID --probe-cost --run-queue` serving metrics on
@@ -123,10 +36,6 @@ fn agent(pid: u32) -> (Running, String) {
     sp.wait_stderr("probes attached");
     let addr = sp.metrics_addr();
     (sp, addr)
-}
-
-fn value(r: &Value) -> f64 {
-    r["value"][1].as_str().unwrap().parse().unwrap()
 }
 
 /// The Grafana dashboard's queries, with its variables set as Grafana
@@ -177,7 +86,9 @@ fn prometheus_stores_two_hosts_native_histograms_with_stackprobes_precision() {
     let (agent_b, addr_b) = agent(b.pid);
     // Scraping from before the load, so that the dashboard's rates see
     // it grow.
-    let prometheus = Prometheus::start(&[addr_a.clone(), addr_b.clone()]);
+    let prometheus = Prometheus::start(&format!(
+        "  - job_name: stackprobe\n    static_configs:\n      - targets: ['{addr_a}', '{addr_b}']\n"
+    ));
     prometheus.query_until("up", |r| r.len() == 2 && r.iter().all(|s| value(s) == 1.0));
 
     // Over several scrapes, on each host: a server waiting ~20 ms in

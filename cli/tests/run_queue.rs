@@ -74,14 +74,18 @@ fn account(pid: u32) -> (Account, bool) {
     (sum, all_asleep)
 }
 
-/// The kernel's account and the probes' at one instant: the kernel's read
-/// again after the probes' were drained, until nothing ran in between
-/// (bounded), so that neither counts a run the other missed.
-fn both_accounts(s: &mut Session, pid: u32) -> (Account, Account) {
+/// The kernel's account of `pid` and the probes' (`seen`) at one instant:
+/// the kernel's read again after the probes' were drained, until nothing
+/// ran in between (bounded), so that neither counts a run the other missed.
+fn both_accounts(
+    s: &mut Session,
+    pid: u32,
+    seen: impl Fn(&Session) -> Account,
+) -> (Account, Account) {
     for _ in 0..50 {
         let kernel = quiet_account(pid);
         s.collect();
-        let probes = seen(s, pid);
+        let probes = seen(s);
         if account(pid).0 == kernel {
             return (kernel, probes);
         }
@@ -176,7 +180,7 @@ fn measure(workers: usize, cpu: &str, hogs: usize, work: &str) -> (Account, Acco
     s.collector.probes_mut().watch_pid(pid).unwrap();
     server.send(&format!("workers {workers} {cpu}"));
     assert!(server.line().starts_with("workers "));
-    let (kernel_before, seen_before) = both_accounts(&mut s, pid);
+    let (kernel_before, seen_before) = both_accounts(&mut s, pid, |s| seen(s, pid));
     let late = {
         let _hogs = Hogs::start(hogs, 0);
         server.send(work);
@@ -186,7 +190,7 @@ fn measure(workers: usize, cpu: &str, hogs: usize, work: &str) -> (Account, Acco
             .and_then(|late| late.parse::<u64>().ok())
             .unwrap_or_else(|| panic!("reply to {work:?}: {reply:?}"))
     };
-    let (kernel_after, seen_after) = both_accounts(&mut s, pid);
+    let (kernel_after, seen_after) = both_accounts(&mut s, pid, |s| seen(s, pid));
     server.stop();
     let skipped = s.collector.probes().drops().unwrap().skipped.run_queue;
     assert_eq!(skipped, 0, "wakeups or switches the kernel skipped");
@@ -287,18 +291,7 @@ fn a_process_forked_after_the_start_waits_as_long_as_the_kernel_says_in_its_role
     let child = server.fork();
     server.send("workers 1 0");
     assert!(server.line().starts_with("workers "));
-    let accounts = |s: &mut Session| {
-        for _ in 0..50 {
-            let kernel = quiet_account(child);
-            s.collect();
-            let probes = seen_in_role(s, child);
-            if account(child).0 == kernel {
-                return (kernel, probes);
-            }
-        }
-        panic!("{child}'s threads kept running while the probes were read");
-    };
-    let (kernel_before, seen_before) = accounts(&mut s);
+    let (kernel_before, seen_before) = both_accounts(&mut s, child, |s| seen_in_role(s, child));
     let parent_before = own(&s, parent);
     {
         let _hogs = Hogs::start(1, 0);
@@ -306,7 +299,7 @@ fn a_process_forked_after_the_start_waits_as_long_as_the_kernel_says_in_its_role
         let reply = server.line();
         assert!(reply.starts_with("worked "), "{reply}");
     }
-    let (kernel_after, seen_after) = accounts(&mut s);
+    let (kernel_after, seen_after) = both_accounts(&mut s, child, |s| seen_in_role(s, child));
     server.stop();
     let drops = s.collector.probes().drops().unwrap();
     assert_eq!(

@@ -2,13 +2,14 @@
 //! and a lock so the tests in one binary load probes one at a time; the
 //! loopback server and its clients (`server`), the binary run as a user
 //! (`cli`), the programs loaded (`programs`), the machine's TCP settings
-//! (`system`).
+//! (`system`), a real Prometheus (`prometheus`).
 
 #![allow(dead_code)]
 
 mod cli;
 mod netns;
 mod programs;
+mod prometheus;
 mod server;
 mod system;
 mod tls;
@@ -20,6 +21,8 @@ pub use cli::*;
 pub use netns::*;
 #[allow(unused_imports)]
 pub use programs::*;
+#[allow(unused_imports)]
+pub use prometheus::*;
 #[allow(unused_imports)]
 pub use server::*;
 #[allow(unused_imports)]
