@@ -160,6 +160,21 @@ impl Drop for Hogs {
     }
 }
 
+/// The probes with the run-queue probe, watching a loopback server that
+/// was asleep when watched: a thread runnable then would run without a
+/// wait the probes saw start.
+fn watched_server() -> (Session, Server) {
+    let mut s = Session::try_start(Options {
+        run_queue: true,
+        ..Options::default()
+    })
+    .expect("loading the probes with the run-queue probe");
+    let server = Server::start(None);
+    quiet_account(server.pid);
+    s.collector.probes_mut().watch_pid(server.pid).unwrap();
+    (s, server)
+}
+
 /// A watched server's `workers` (pinned to `cpu`) do `work` while `hogs`
 /// unwatched threads spin on the same CPU; returns what the kernel
 /// accounted for the server's threads over the work, what the probes saw,
@@ -167,17 +182,8 @@ impl Drop for Hogs {
 /// account of what their wakeups took).
 fn measure(workers: usize, cpu: &str, hogs: usize, work: &str) -> (Account, Account, u64) {
     let _lock = probe_lock();
-    let mut s = Session::try_start(Options {
-        run_queue: true,
-        ..Options::default()
-    })
-    .expect("loading the probes with the run-queue probe");
-    let mut server = Server::start(None);
+    let (mut s, mut server) = watched_server();
     let pid = server.pid;
-    // Asleep when watched: a thread runnable then would run without a
-    // wait the probes saw start.
-    quiet_account(pid);
-    s.collector.probes_mut().watch_pid(pid).unwrap();
     server.send(&format!("workers {workers} {cpu}"));
     assert!(server.line().starts_with("workers "));
     let (kernel_before, seen_before) = both_accounts(&mut s, pid, |s| seen(s, pid));
@@ -277,15 +283,8 @@ fn seen_in_role(s: &Session, child: u32) -> Account {
 #[test]
 fn a_process_forked_after_the_start_waits_as_long_as_the_kernel_says_in_its_role() {
     let _lock = probe_lock();
-    let mut s = Session::try_start(Options {
-        run_queue: true,
-        ..Options::default()
-    })
-    .expect("loading the probes with the run-queue probe");
-    let mut server = Server::start(None);
+    let (mut s, mut server) = watched_server();
     let parent = server.pid;
-    quiet_account(parent);
-    s.collector.probes_mut().watch_pid(parent).unwrap();
     // Forked now, it is watched as the parent's child: the kernel keeps its
     // samples under the parent, with no histogram of its own to allocate.
     let child = server.fork();
