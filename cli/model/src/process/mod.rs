@@ -128,15 +128,17 @@ pub struct ProcessTable {
     /// before: what the kernel's histograms gained for them is read after
     /// their exit was applied, and goes to their role.
     exited_roles: [BTreeMap<u32, String>; 2],
-    /// The role each parent's latest child retired into: where run-queue
-    /// samples the kernel kept under the parent for children that are
-    /// gone go (see `HistDelta::of_children`).
+    /// The role each live parent's latest child retired into: where
+    /// run-queue samples the kernel kept under the parent for children that
+    /// are gone go (see `HistDelta::of_children`). A parent's entry moves to
+    /// `exited_children_roles` when it exits, so this holds live processes
+    /// only.
     children_roles: BTreeMap<u32, String>,
+    /// The same for parents that exited in this interval and the one
+    /// before, as `exited_roles`: the kernel's last read of their
+    /// children's samples comes after their exit.
+    exited_children_roles: [BTreeMap<u32, String>; 2],
 }
-
-/// Parents whose children's role is remembered, at most: past it, the
-/// memory starts again (a parent's next child retiring names it anew).
-const MAX_CHILDREN_ROLES: usize = 4096;
 
 impl ProcessTable {
     pub fn apply(&mut self, event: &Event) {
@@ -254,7 +256,10 @@ impl ProcessTable {
         if let Some(child) = newest_live {
             return child.role();
         }
-        if let Some(role) = self.children_roles.get(&parent) {
+        let remembered = std::iter::once(&self.children_roles)
+            .chain(&self.exited_children_roles)
+            .find_map(|roles| roles.get(&parent));
+        if let Some(role) = remembered {
             return role.clone();
         }
         match self.procs.get(&parent) {
@@ -267,11 +272,13 @@ impl ProcessTable {
     fn retire(&mut self, pid: u32) {
         if let Some(proc) = self.procs.remove(&pid) {
             let role = self.retiring_role(&proc);
-            if let Some((parent, _)) = proc.parent {
-                if self.children_roles.len() >= MAX_CHILDREN_ROLES {
-                    self.children_roles.clear();
-                }
-                self.children_roles.insert(parent, role.clone());
+            if let Some(children) = self.children_roles.remove(&pid) {
+                self.exited_children_roles[0].insert(pid, children);
+            }
+            if let Some((parent, _)) = &proc.parent
+                && self.procs.contains_key(parent)
+            {
+                self.children_roles.insert(*parent, role.clone());
             }
             self.exited_roles[0].insert(pid, role.clone());
             // Its sockets keep counting on its links under this role.
@@ -429,6 +436,7 @@ impl ProcessTable {
             activity.reset_interval();
         }
         self.exited_roles[1] = std::mem::take(&mut self.exited_roles[0]);
+        self.exited_children_roles[1] = std::mem::take(&mut self.exited_children_roles[0]);
         self.links.reset_interval();
     }
 

@@ -520,3 +520,28 @@ fn run_queue_samples_of_an_unknown_parents_children_are_named_by_its_pid() {
         "an unknown parent's children are named by its pid"
     );
 }
+
+#[test]
+fn a_gone_parents_last_children_samples_still_find_their_role_then_it_is_forgotten() {
+    let mut t = ProcessTable::default();
+    t.sync_watched(&[live(1, "postgres")]);
+    t.apply(&spawn(1, 50, "postgres", 0));
+    t.apply(&exit(50, 1_000));
+    t.apply(&exit(1, 2_000));
+    // The kernel's last read of the parent's children, after its exit.
+    t.apply(&children_run_queue(1, 3));
+    let waits = |t: &ProcessTable, role: &str| {
+        t.roles(Span::Whole)
+            .get(role)
+            .map_or(0, |(_, a)| a.latency[Latency::RunQueue].total.count())
+    };
+    assert_eq!(waits(&t, "postgres backend"), 3);
+    t.reset_interval();
+    t.reset_interval();
+    t.apply(&children_run_queue(1, 1));
+    assert_eq!(
+        (waits(&t, "postgres backend"), waits(&t, "[1]")),
+        (3, 1),
+        "two intervals on, the parent's children's role is forgotten"
+    );
+}
