@@ -112,7 +112,17 @@ struct Outcome {
     costs: Vec<String>,
     log: PathBuf,
     took: Duration,
+    /// The guest's kernel oopsed at an int3 (see [`INT3_OOPS`]).
+    int3_oops: bool,
 }
+
+/// What a guest's console says when its kernel trapped on a breakpoint no
+/// live code patch claimed: the kernel patches a tracepoint's call site
+/// through a temporary int3 when a probe attaches or detaches, and
+/// multi-threaded TCG can run a vCPU's stale copy of that byte after the
+/// patch is done. Seen once in the 6.12 guest, in `__schedule` as the
+/// run-queue tests attached their `sched_switch` program.
+const INT3_OOPS: &str = "Oops: int3";
 
 /// The kernels `cargo xtask test` runs besides the host's.
 pub const CI_KERNELS: [&str; 2] = ["6.1", "6.12"];
@@ -141,7 +151,19 @@ pub fn run(args: &VmArgs) -> Result<(u64, u64)> {
     for spec in specs {
         let kernel = Kernel::fetch(spec, &vm_dir)?;
         let initrd = kernel.initramfs()?;
-        outcomes.push(boot(&kernel, &initrd, &binaries, &vm_dir, args.timeout)?);
+        let mut outcome = boot(&kernel, &initrd, &binaries, &vm_dir, args.timeout)?;
+        if !outcome.passed && outcome.int3_oops {
+            let kept = outcome.log.with_extension("oops.log");
+            fs::rename(&outcome.log, &kept)?;
+            eprintln!(
+                "xtask: vm-test: the {} guest's kernel oopsed on a stale int3 of a live code \
+                 patch (multi-threaded TCG; log: {}): booting it once more",
+                outcome.kernel,
+                kept.display()
+            );
+            outcome = boot(&kernel, &initrd, &binaries, &vm_dir, args.timeout)?;
+        }
+        outcomes.push(outcome);
     }
     let totals = outcomes
         .iter()
@@ -616,6 +638,7 @@ fn boot(
     let mut hooks = Vec::new();
     let mut costs = Vec::new();
     let mut in_doctor = false;
+    let mut int3_oops = false;
     let mut release = kernel.release.clone();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
@@ -625,6 +648,7 @@ fn boot(
         if let Some(r) = line.strip_prefix("== kernel ") {
             release = r.to_string();
         }
+        int3_oops |= line.contains(INT3_OOPS);
         if line.starts_with("== ") {
             in_doctor = line == "== doctor";
         } else if in_doctor
@@ -692,5 +716,6 @@ fn boot(
         costs,
         log: log_path,
         took: started.elapsed(),
+        int3_oops,
     })
 }
