@@ -162,12 +162,13 @@ impl Churned {
             assert!(*n <= 64, "{name} still holds {n} entries after the churn");
         }
         // The process table holds live processes only: tens of thousands of
-        // exits later, memory is where it was halfway, but for a step: a
-        // role's numbers allocated late (a retired role's histograms) come
-        // in one piece, which the run-queue and request-path latencies made
-        // ~2.8 MB (2 of 4 CI runs on 2026-12-06: 28040 -> 30868 and 28392 ->
-        // 31260 KiB, peak = end; flat locally). A leak of 60 bytes a process
-        // still shows over the ~70000 processes of the second half.
+        // exits later, memory is where it was halfway, but for a step: 2 of
+        // 4 CI runs on 2026-12-06 grew ~2.8 MB in one piece (28040 -> 30868
+        // and 28392 -> 31260 KiB, peak = end; flat locally), not located
+        // yet; likely a role's histograms allocated late, as an earlier step
+        // was (docs/testing.md#soak), larger since the run-queue and
+        // request-path latencies joined every role. A leak of 60 bytes a
+        // process still shows over the ~70000 processes of the second half.
         assert!(
             self.rss_end <= self.rss_half + 4 * 1024,
             "RSS grew from {} KiB halfway to {} KiB",
