@@ -719,3 +719,16 @@ fn boot(
         int3_oops,
     })
 }
+
+/// A kernel of the matrix (`name` as `--kernel` takes it), fetched if need
+/// be, and its 9p initramfs, for guests that boot a root of their own
+/// (the install test): the vmlinuz, the initramfs and the kernel's release.
+pub(crate) fn kernel_and_initramfs(name: &str) -> Result<(PathBuf, PathBuf, String)> {
+    setup::apt_packages(&PACKAGES)?;
+    let spec = select(&[name.to_string()])?
+        .pop()
+        .ok_or_else(|| anyhow!("no kernel {name}"))?;
+    let kernel = Kernel::fetch(spec, &workspace_root().join("target/vm"))?;
+    let initrd = kernel.initramfs()?;
+    Ok((kernel.vmlinuz, initrd, kernel.release))
+}
