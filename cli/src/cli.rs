@@ -244,9 +244,9 @@ pub struct WatchArgs {
     pub queue_hook: Option<stackprobe_probes::rungs::QueueRung>,
 
     /// Start a unix connection's queue wait with this hook instead of the
-    /// best this kernel offers (data-ready: the enqueue itself, 6.3 and
-    /// later; then syscalls: the connect's start); fails if it cannot
-    /// attach.
+    /// best this kernel offers (fentry: the enqueue itself; then syscalls:
+    /// the connect's start; data-ready, the enqueue from 6.3, only when
+    /// asked for: it runs on every message); fails if it cannot attach.
     #[arg(long, value_enum, value_name = "HOOK")]
     pub unix_queue_hook: Option<stackprobe_probes::rungs::UnixQueueRung>,
 

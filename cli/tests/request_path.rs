@@ -209,6 +209,7 @@ fn without_unix_service_time_a_unix_pool_has_no_service_and_a_tcp_one_does() {
 fn unix_rungs() -> Vec<(Option<UnixQueueRung>, &'static str)> {
     vec![
         (None, "best rung"),
+        (Some(UnixQueueRung::Fentry), "fentry"),
         (Some(UnixQueueRung::DataReady), "data-ready"),
         (Some(UnixQueueRung::Syscalls), "syscalls"),
     ]
@@ -219,8 +220,13 @@ fn a_unix_pools_queue_wait_matches_the_servers_clock_on_every_rung() {
     let _lock = probe_lock();
     let dir = TempDir::new("unix-pool");
     for (rung, name) in unix_rungs() {
-        // data-ready needs 6.3: where the kernel lacks it, the load says so.
-        let expected = rung != Some(UnixQueueRung::DataReady) || has_data_ready();
+        // data-ready needs 6.3, fentry a kernel that takes it: where the
+        // kernel lacks them, the load says so.
+        let expected = match rung {
+            Some(UnixQueueRung::DataReady) => has_data_ready(),
+            Some(UnixQueueRung::Fentry) => takes_fentry(),
+            _ => true,
+        };
         let options = Options {
             unix_queue_rung: rung,
             unix_service: true,
@@ -229,6 +235,12 @@ fn a_unix_pools_queue_wait_matches_the_servers_clock_on_every_rung() {
         let Some(mut s) = forced_session(options, name, expected) else {
             continue;
         };
+        if rung.is_none() && takes_fentry() {
+            assert_eq!(
+                s.collector.probes().unix_queue_rung(),
+                UnixQueueRung::Fentry
+            );
+        }
         for watch_client in [false, true] {
             let server = Server::start(Some(&dir.0.join("pool.sock")));
             check_pool(&mut s, server, "unix", watch_client, name);

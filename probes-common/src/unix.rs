@@ -3,8 +3,13 @@
 //!
 //! The wait ends at the accept that takes the connection (the accept probe,
 //! which finds the server-side socket, `newsk`, through the accepted fd).
-//! Where it starts depends on the kernel, best first ([`DATA_READY_PROGRAM`]
-//! or the connect probe; userspace picks the rung):
+//! Where it starts depends on the kernel, best first ([`ENQUEUE_PROGRAM`],
+//! [`DATA_READY_PROGRAM`] or the connect probe; userspace picks the rung):
+//! - fentry on `security_unix_stream_connect(sk, other, newsk)`, an LSM
+//!   hook inside the client's connect once the listener (`other`) had room,
+//!   just before `newsk` is queued: the exact enqueue, one run per unix
+//!   connect. Where the kernel takes fentry (not on this project's own
+//!   machines).
 //! - `sock:sk_data_ready` (6.3 and later) fires inside the client's
 //!   connect right after the connection is queued, with the listener as its
 //!   socket: the tail of the listener's queue is the skb the connect queued,
@@ -28,11 +33,16 @@ pub const UNIX_LISTENERS_MAX_ENTRIES: u32 = 1024;
 pub const UNIX_QUEUED_MAP: &str = "UNIX_QUEUED";
 pub const UNIX_QUEUED_MAX_ENTRIES: u32 = 8192;
 
-/// One-entry array holding the rung in use ([`RUNG_DATA_READY`] or
-/// [`RUNG_SYSCALLS`]; 0: unix queue wait off).
+/// One-entry array holding the rung in use ([`RUNG_FENTRY`],
+/// [`RUNG_DATA_READY`] or [`RUNG_SYSCALLS`]; 0: unix queue wait off).
 pub const UNIX_CONFIG_MAP: &str = "UNIX_CONFIG";
 pub const RUNG_DATA_READY: u32 = 1;
 pub const RUNG_SYSCALLS: u32 = 2;
+pub const RUNG_FENTRY: u32 = 3;
+
+/// The fentry program on the enqueue's LSM hook, and its function.
+pub const ENQUEUE_PROGRAM: &str = "unix_enqueue";
+pub const ENQUEUE_FUNCTION: &str = "security_unix_stream_connect";
 
 /// The `sock:sk_data_ready` program, and its tracepoint's fields.
 pub const DATA_READY_PROGRAM: &str = "unix_data_ready";

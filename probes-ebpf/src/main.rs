@@ -18,6 +18,7 @@ mod run_queue;
 mod service_end;
 mod sock;
 mod tcp_state;
+mod unix_enqueue;
 mod watch;
 
 // What the probes share: state that crosses probes (slots, watch_set,

@@ -1,7 +1,8 @@
 //! A unix connection's wait in a watched listener's queue (see
-//! probes_common::unix): its start from the data-ready probe (6.3 and
-//! later) or the connect probe (before), its end from the accept probe,
-//! paired here by the connection's server-side socket, `newsk`.
+//! probes_common::unix): its start from the enqueue probe (fentry), the
+//! data-ready probe (6.3 and later) or the connect probe, its end from the
+//! accept probe, paired here by the connection's server-side socket,
+//! `newsk`.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -12,8 +13,8 @@ use probes_common::{
     hist::HistMetric,
     sock::TCP_LISTEN,
     unix::{
-        RUNG_DATA_READY, RUNG_SYSCALLS, UNIX_LISTENERS_MAX_ENTRIES, UNIX_LOST_MAX_ENTRIES,
-        UNIX_QUEUED_MAX_ENTRIES, UnixQueued,
+        RUNG_DATA_READY, RUNG_FENTRY, RUNG_SYSCALLS, UNIX_LISTENERS_MAX_ENTRIES,
+        UNIX_LOST_MAX_ENTRIES, UNIX_QUEUED_MAX_ENTRIES, UnixQueued,
     },
 };
 
@@ -91,13 +92,35 @@ pub fn enqueued(sk: u64, now: u64) {
     }
 }
 
+/// On the fentry rung: a unix connect to `listener` is about to queue
+/// `newsk` there (its full-queue check passed).
+#[inline(always)]
+pub fn connecting(listener: u64, newsk: u64, now: u64) {
+    if rung() != RUNG_FENTRY {
+        return;
+    }
+    let Some(ino) = tcp_sock::inode(listener) else {
+        return;
+    };
+    if UNIX_LISTENERS.get_ptr(ino).is_none() {
+        return;
+    }
+    let start = UnixQueued {
+        ns: now,
+        ..UnixQueued::default()
+    };
+    // Any stamp already there is a freed socket's whose address this one
+    // reuses.
+    let _ = UNIX_QUEUED.insert(newsk, start, 0);
+}
+
 /// `tgid` accepted the unix connection `newsk` from `listener` (its fd
 /// plus one) at `now`: records its queue wait if its start is known, or,
 /// on the syscall rung, leaves the accept for the connect's exit to pair.
 #[inline(always)]
 pub fn accepted(newsk: u64, tgid: u32, listener: u32, now: u64) {
     match rung() {
-        RUNG_DATA_READY => {
+        RUNG_FENTRY | RUNG_DATA_READY => {
             if let Some(q) = UNIX_QUEUED.get_ptr(newsk) {
                 // SAFETY: a live map value, copied out at once.
                 let start = unsafe { (*q).ns };

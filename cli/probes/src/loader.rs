@@ -146,7 +146,8 @@ impl Probes {
         if options.unix_service {
             services::attach_close(&mut ebpf, &tracefs)?;
         }
-        let unix_queue_rung = unix_queue::attach(&mut ebpf, &tracefs, options.unix_queue_rung)?;
+        let unix_queue_rung =
+            unix_queue::attach(&mut ebpf, &tracefs, &btf, options.unix_queue_rung)?;
         tcp::load(&mut ebpf, &btf)?;
         let state_rung = tcp::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
         if options.run_queue {

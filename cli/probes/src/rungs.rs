@@ -103,12 +103,16 @@ impl StateRung {
 }
 
 /// Where a unix connection's wait in its listener's queue starts (its end
-/// is always the accept that takes it). The syscall rung first: its hooks
-/// are the connect and accept probes' own, where data-ready's runs for
-/// every TCP segment and unix message on the host, which costs more than
-/// its exactness gains (BENCHMARKS.md): it is there for the asking.
+/// is always the accept that takes it), best first. fentry is exact and
+/// runs once per unix connect; without it, the syscall rung, whose hooks
+/// are the connect and accept probes' own: data-ready's runs for every TCP
+/// segment and unix message on the host cost more than its exactness gains
+/// (BENCHMARKS.md), so it is there for the asking.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum UnixQueueRung {
+    /// fentry on security_unix_stream_connect, inside the connect just
+    /// before the connection is queued: the exact wait.
+    Fentry,
     /// The tracepoint sock:sk_data_ready (6.3 and later), inside the
     /// connect right after the connection is queued: the exact wait.
     DataReady,
@@ -119,11 +123,12 @@ pub enum UnixQueueRung {
 }
 
 impl UnixQueueRung {
-    pub const LADDER: [UnixQueueRung; 2] = [Self::Syscalls, Self::DataReady];
+    pub const LADDER: [UnixQueueRung; 3] = [Self::Fentry, Self::Syscalls, Self::DataReady];
 
     /// As `--unix-queue-hook` names it.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Fentry => "fentry",
             Self::DataReady => "data-ready",
             Self::Syscalls => "syscalls",
         }
@@ -131,6 +136,9 @@ impl UnixQueueRung {
 
     pub fn describe(self) -> &'static str {
         match self {
+            Self::Fentry => {
+                "fentry on security_unix_stream_connect (the enqueue) to the accept's exit: exact"
+            }
             Self::DataReady => {
                 "tracepoint sock/sk_data_ready (the enqueue) to the accept's exit: exact"
             }

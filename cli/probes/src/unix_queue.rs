@@ -1,21 +1,23 @@
 //! Userspace side of the unix queue wait (kernel side:
-//! probes-ebpf/src/unix_queue.rs and data_ready.rs, with the accept and
+//! probes-ebpf/src/unix_queue.rs, unix_enqueue.rs and data_ready.rs, with the accept and
 //! connect probes): setup before load, the choice of rung, the watched
 //! listeners the kernel stamps, and the connects a full queue refused.
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
-    Ebpf,
+    Btf, Ebpf,
     maps::{Array, HashMap, MapData, MapError},
+    programs::FEntry,
 };
 use probes_common::unix::{
     DATA_READY_CATEGORY, DATA_READY_FAMILY_OFFSET_GLOBAL, DATA_READY_PROGRAM,
-    DATA_READY_SK_OFFSET_GLOBAL, DATA_READY_TRACEPOINT, RUNG_DATA_READY, RUNG_SYSCALLS,
-    UNIX_CONFIG_MAP, UNIX_LISTENERS_MAP, UNIX_LOST_MAP, UNIX_QUEUE_MEMBERS,
+    DATA_READY_SK_OFFSET_GLOBAL, DATA_READY_TRACEPOINT, ENQUEUE_FUNCTION, ENQUEUE_PROGRAM,
+    RUNG_DATA_READY, RUNG_FENTRY, RUNG_SYSCALLS, UNIX_CONFIG_MAP, UNIX_LISTENERS_MAP,
+    UNIX_LOST_MAP, UNIX_QUEUE_MEMBERS,
 };
 
 use super::{
-    attach::{Setup, attach_tracepoints},
+    attach::{Setup, attach_tracepoints, program},
     btf::KernelBtf,
     rungs::UnixQueueRung,
     tracefs::Tracefs,
@@ -47,6 +49,7 @@ pub fn setup(tracefs: &Tracefs, btf: &KernelBtf) -> Result<Setup> {
 pub fn attach(
     ebpf: &mut Ebpf,
     tracefs: &Tracefs,
+    btf: &Btf,
     wanted: Option<UnixQueueRung>,
 ) -> Result<UnixQueueRung> {
     let rungs = match wanted {
@@ -56,6 +59,7 @@ pub fn attach(
     let mut failures = Vec::new();
     for rung in rungs {
         let attached = match rung {
+            UnixQueueRung::Fentry => attach_fentry(ebpf, btf),
             UnixQueueRung::DataReady => attach_tracepoints(
                 ebpf,
                 tracefs,
@@ -69,6 +73,7 @@ pub fn attach(
         match attached {
             Ok(()) => {
                 let value = match rung {
+                    UnixQueueRung::Fentry => RUNG_FENTRY,
                     UnixQueueRung::DataReady => RUNG_DATA_READY,
                     UnixQueueRung::Syscalls => RUNG_SYSCALLS,
                 };
@@ -83,6 +88,15 @@ pub fn attach(
         wanted.map_or("(any)", UnixQueueRung::describe),
         failures.join("; ")
     )
+}
+
+fn attach_fentry(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
+    let enqueue: &mut FEntry = program(ebpf, ENQUEUE_PROGRAM)?;
+    enqueue
+        .load(ENQUEUE_FUNCTION, btf)
+        .context("loading fentry")?;
+    enqueue.attach().context("attaching fentry")?;
+    Ok(())
 }
 
 fn config(ebpf: &mut Ebpf) -> Result<Array<&mut MapData, u32>> {

@@ -25,6 +25,14 @@ pub fn forced_session(options: Options, rung: &str, expected: bool) -> Option<Se
     }
 }
 
+/// Whether this kernel must take fentry programs: `cargo xtask vm-test`
+/// names fentry among the fork hooks of the kernels that do (this
+/// project's own machines refuse it).
+pub fn takes_fentry() -> bool {
+    std::env::var("STACKPROBE_EXPECT_FORK_HOOKS")
+        .is_ok_and(|hooks| hooks.split(',').any(|h| h.trim() == "fentry"))
+}
+
 /// What the programs whose names start with one of `prefixes` cost per
 /// run so far (loaded with `probe_cost`), for the rung comparisons.
 pub fn rung_costs(s: &Session, prefixes: &[&str]) -> String {
@@ -123,6 +131,7 @@ pub fn state_extra_loaded() -> usize {
 /// and accept probes'.
 pub fn unix_queue_program_names(rung: UnixQueueRung) -> &'static [&'static str] {
     match rung {
+        UnixQueueRung::Fentry => &["unix_enqueue"],
         UnixQueueRung::DataReady => &["unix_data_ready"],
         UnixQueueRung::Syscalls => &[],
     }
@@ -133,7 +142,10 @@ pub fn unix_queue_program_names(rung: UnixQueueRung) -> &'static [&'static str] 
 pub fn unix_queue_extra_loaded() -> usize {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
-        .filter(|p| p.name_as_str() == Some("unix_data_ready"))
+        .filter(|p| {
+            p.name_as_str()
+                .is_some_and(|n| n == "unix_data_ready" || n == "unix_enqueue")
+        })
         .count()
 }
 
