@@ -21,10 +21,46 @@ use super::{
     tracefs::Tracefs,
 };
 
+/// Whether this architecture has the fork(2) and vfork(2) syscalls. arm64
+/// (like every architecture on the kernel's generic syscall table) has only
+/// clone and clone3: its libc's fork() and vfork() are clone calls, and its
+/// kernel has no `sys_{enter,exit}_{fork,vfork}` tracepoints. Every rung
+/// still sees every fork there: kernel_clone and the clone tracepoints
+/// serve them all.
+pub const HAS_FORK_SYSCALLS: bool = cfg!(not(any(
+    target_arch = "aarch64",
+    target_arch = "riscv64",
+    target_arch = "loongarch64"
+)));
+
+/// What `doctor` says about fork and vfork on an architecture without them.
+pub const NO_FORK_SYSCALLS_NOTE: &str = "fork and vfork: this architecture has no fork or vfork \
+     syscalls (nor their tracepoints sys_{enter,exit}_{fork,vfork}): its fork() and vfork() are \
+     clone calls, which every fork hook counts";
+
+/// The tracepoints only fork(2) and vfork(2) have.
+const FORK_ONLY_TRACEPOINTS: [&str; 4] = [
+    "sys_enter_fork",
+    "sys_enter_vfork",
+    "sys_exit_fork",
+    "sys_exit_vfork",
+];
+
+/// `events` without the fork and vfork tracepoints where the architecture
+/// has no such syscalls (a kernel of an architecture that has them and
+/// lacks one still fails to attach, as it should).
+fn on_this_arch(events: &[&'static str]) -> Vec<&'static str> {
+    events
+        .iter()
+        .copied()
+        .filter(|e| HAS_FORK_SYSCALLS || !FORK_ONLY_TRACEPOINTS.contains(e))
+        .collect()
+}
+
 pub fn setup(tracefs: &Tracefs, btf: &KernelBtf, slots: u32) -> Result<Setup> {
     let flags = tracefs.offset("syscalls", "sys_enter_clone", "clone_flags", 8)?;
     let uargs = tracefs.offset("syscalls", "sys_enter_clone3", "uargs", 8)?;
-    let ret = tracefs.same_offset("syscalls", &EXIT_TRACEPOINTS, "ret", 8)?;
+    let ret = tracefs.same_offset("syscalls", &on_this_arch(&EXIT_TRACEPOINTS), "ret", 8)?;
     let mut globals = vec![
         (CLONE_FLAGS_OFFSET_GLOBAL, flags),
         (CLONE3_UARGS_OFFSET_GLOBAL, uargs),
@@ -117,14 +153,17 @@ fn attach_syscall_tracepoints(ebpf: &mut Ebpf, tracefs: &Tracefs) -> Result<()> 
         "syscalls",
         &["sys_enter_clone3"],
     )?;
+    let fork = on_this_arch(&ENTER_FORK_TRACEPOINTS);
+    if !fork.is_empty() {
+        attach_tracepoints(ebpf, tracefs, ENTER_FORK_PROGRAM, "syscalls", &fork)?;
+    }
     attach_tracepoints(
         ebpf,
         tracefs,
-        ENTER_FORK_PROGRAM,
+        EXIT_PROGRAM,
         "syscalls",
-        &ENTER_FORK_TRACEPOINTS,
-    )?;
-    attach_tracepoints(ebpf, tracefs, EXIT_PROGRAM, "syscalls", &EXIT_TRACEPOINTS)
+        &on_this_arch(&EXIT_TRACEPOINTS),
+    )
 }
 
 /// Unloads (and so detaches) whatever a failed rung got loaded; a program
@@ -158,5 +197,25 @@ fn unload(ebpf: &mut Ebpf, rung: ForkRung) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_architecture_without_fork_syscalls_leaves_their_tracepoints_out() {
+        assert_eq!(HAS_FORK_SYSCALLS, !cfg!(target_arch = "aarch64"));
+        let expected: &[&str] = if HAS_FORK_SYSCALLS {
+            &EXIT_TRACEPOINTS
+        } else {
+            &["sys_exit_clone", "sys_exit_clone3"]
+        };
+        assert_eq!(on_this_arch(&EXIT_TRACEPOINTS), expected);
+        assert_eq!(
+            on_this_arch(&ENTER_FORK_TRACEPOINTS).is_empty(),
+            !HAS_FORK_SYSCALLS
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::fs;
 use anyhow::{Result, bail};
 
 use stackprobe_probes::{
-    Options, Probes, preflight,
+    Options, Probes, fork, preflight,
     rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
 };
 
@@ -107,6 +107,9 @@ pub fn run() -> Result<()> {
                         ..Options::default()
                     };
                     lines.push(try_forced("fork hook", rung.describe(), forced));
+                }
+                if !fork::HAS_FORK_SYSCALLS {
+                    lines.push(line(Verdict::Note, fork::NO_FORK_SYSCALLS_NOTE));
                 }
                 for rung in QueueRung::LADDER {
                     let forced = Options {
