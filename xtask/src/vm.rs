@@ -5,6 +5,12 @@
 //! busybox initramfs that loads the 9p modules and mounts this host's /usr and
 //! /etc read-only, so it runs with the host's userland, and the workspace at
 //! the same path, so the test binaries find the binaries they drive.
+//!
+//! `--arch aarch64` boots Debian's arm64 kernels under qemu-system-aarch64
+//! (`-M virt`, TCG) instead: the test binaries are cross-built for
+//! aarch64-unknown-linux-gnu, and the guest's userland is a small arm64
+//! Debian root made with mmdebstrap (cached under target/vm), shared like
+//! the workspace.
 
 use std::{
     fs,
@@ -31,6 +37,54 @@ const PACKAGES: [&str; 5] = [
     "xz-utils",
 ];
 
+/// What an arm64 guest needs besides: its qemu, the arm64 root's maker, and
+/// the cross linker (nightly's rust-src builds the std).
+const AARCH64_PACKAGES: [&str; 6] = [
+    "qemu-system-arm",
+    "mmdebstrap",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "cpio",
+    "kmod",
+];
+
+/// The guest's architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    /// This host's: its own /usr is the guest's userland.
+    #[value(name = "x86_64")]
+    X86_64,
+    /// Debian's arm64 kernels, cross-built tests, an arm64 root.
+    Aarch64,
+}
+
+impl Arch {
+    fn name(self) -> &'static str {
+        match self {
+            Self::X86_64 => "x86_64",
+            Self::Aarch64 => "aarch64",
+        }
+    }
+}
+
+/// The packages of the arm64 guest's root (`mmdebstrap --variant=extract`:
+/// unpacked with their dependencies, no maintainer script run, so no arm64
+/// emulation on this host): glibc for the cross-built binaries, busybox for
+/// the initramfs and the shell, iproute2 for the tests' `ip` and `ss`,
+/// coreutils for the children the tests exec (`/bin/true`).
+const AARCH64_ROOT_PACKAGES: [&str; 5] = [
+    "libc6",
+    "libgcc-s1",
+    "busybox-static",
+    "iproute2",
+    "coreutils",
+];
+const AARCH64_ROOT_SUITE: &str = "bookworm";
+const AARCH64_TRIPLE: &str = "aarch64-unknown-linux-gnu";
+/// Debian's arm64 kernels, bookworm's and its security updates'.
+const ARM64_SOURCES: &str = "deb [arch=arm64] http://deb.debian.org/debian bookworm main\n\
+     deb [arch=arm64] http://deb.debian.org/debian-security bookworm-security main";
+
 /// The test binaries run in each guest by default: the probes' own tests
 /// (the rest drive terminals, real services or long soaks).
 pub const DEFAULT_TESTS: [&str; 6] = [
@@ -46,6 +100,7 @@ pub const DEFAULT_TESTS: [&str; 6] = [
 /// holds it.
 struct KernelSpec {
     name: &'static str,
+    arch: Arch,
     /// Regex for `apt-cache search --names-only`; the newest match is used.
     package: &'static str,
     /// Extra apt source, for kernels this machine's sources do not carry.
@@ -56,8 +111,9 @@ struct KernelSpec {
     queue_hooks: &'static str,
 }
 
-const KERNELS: [KernelSpec; 4] = [
+const KERNELS: [KernelSpec; 6] = [
     KernelSpec {
+        arch: Arch::X86_64,
         name: "5.10",
         package: r"^linux-image-5\.10\.0-[0-9]+-amd64-unsigned$",
         source: Some("deb http://deb.debian.org/debian bullseye main"),
@@ -65,6 +121,7 @@ const KERNELS: [KernelSpec; 4] = [
         queue_hooks: "fexit,kretprobe,fd-walk",
     },
     KernelSpec {
+        arch: Arch::X86_64,
         name: "6.1",
         package: r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$",
         source: None,
@@ -72,6 +129,7 @@ const KERNELS: [KernelSpec; 4] = [
         queue_hooks: "fexit,kretprobe,fd-walk",
     },
     KernelSpec {
+        arch: Arch::X86_64,
         name: "6.12",
         package: r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$",
         source: None,
@@ -79,25 +137,60 @@ const KERNELS: [KernelSpec; 4] = [
         queue_hooks: "fexit,kretprobe,fd-walk",
     },
     KernelSpec {
+        arch: Arch::X86_64,
         name: "7.3",
         package: r"^linux-binary-7\.3[.0-9]*\+deb13-amd64$",
         source: Some("deb http://deb.debian.org/debian trixie-backports main"),
         fork_hooks: "fentry,kprobe,tracepoint",
         queue_hooks: "fexit,kretprobe,fd-walk",
     },
+    KernelSpec {
+        arch: Arch::Aarch64,
+        name: "6.1",
+        package: r"^linux-image-6\.1\.0-[0-9]+-arm64-unsigned$",
+        source: Some(ARM64_SOURCES),
+        // arm64's BPF trampolines reach kernel functions only from 6.4
+        // (ftrace direct calls): 6.1 refuses fentry and fexit with ENOTSUPP.
+        fork_hooks: "kprobe,tracepoint",
+        queue_hooks: "kretprobe,fd-walk",
+    },
+    KernelSpec {
+        arch: Arch::Aarch64,
+        name: "6.12",
+        package: r"^linux-image-6\.12\.[0-9]+\+deb12-arm64-unsigned$",
+        source: Some(ARM64_SOURCES),
+        fork_hooks: "fentry,kprobe,tracepoint",
+        queue_hooks: "fexit,kretprobe,fd-walk",
+    },
 ];
+
+impl KernelSpec {
+    /// Its directory, log and share under target/vm: the x86_64 kernels keep
+    /// their plain names.
+    fn key(&self) -> String {
+        match self.arch {
+            Arch::X86_64 => self.name.to_string(),
+            Arch::Aarch64 => format!("{}-{}", self.arch.name(), self.name),
+        }
+    }
+}
 
 #[derive(clap::Args)]
 pub struct VmArgs {
-    /// 5.10, 6.1, 6.12, 7.3, or all; repeat for several.
+    /// The guests' architecture: aarch64 cross-builds the tests and boots
+    /// Debian's arm64 kernels (6.1, 6.12) under qemu-system-aarch64.
+    #[arg(long, value_enum, default_value_t = Arch::X86_64)]
+    arch: Arch,
+    /// 5.10, 6.1, 6.12, 7.3 (aarch64: 6.1, 6.12), or all; repeat for several.
     #[arg(long, default_values_t = ["6.1".to_string()])]
     kernel: Vec<String>,
     /// Test binaries (cli/tests/NAME.rs) to run in each guest.
     #[arg(long, default_values_t = DEFAULT_TESTS.map(String::from))]
     test: Vec<String>,
-    /// Seconds each guest may run before it is stopped and counted failed.
-    #[arg(long, default_value_t = 900)]
-    timeout: u64,
+    /// Seconds each guest may run before it is stopped and counted failed
+    /// (default 900; aarch64, whose emulation is slower: 2400).
+    #[arg(long)]
+    timeout: Option<u64>,
 }
 
 /// One guest's outcome.
@@ -130,9 +223,10 @@ pub const CI_KERNELS: [&str; 2] = ["6.1", "6.12"];
 impl VmArgs {
     pub fn ci() -> Self {
         Self {
+            arch: Arch::X86_64,
             kernel: CI_KERNELS.map(String::from).to_vec(),
             test: DEFAULT_TESTS.map(String::from).to_vec(),
-            timeout: 900,
+            timeout: None,
         }
     }
 }
@@ -143,15 +237,36 @@ pub fn run(args: &VmArgs) -> Result<(u64, u64)> {
     if !is_root() {
         bail!("vm-test runs the probe tests as root inside the guests: run it with sudo");
     }
-    setup::apt_packages(&PACKAGES)?;
-    let specs = select(&args.kernel)?;
-    let binaries = build_tests(&args.test)?;
+    let timeout = args.timeout.unwrap_or(match args.arch {
+        Arch::X86_64 => 900,
+        Arch::Aarch64 => 2400,
+    });
+    let specs = select(args.arch, &args.kernel)?;
     let vm_dir = workspace_root().join("target/vm");
+    let (built, guest_root) = match args.arch {
+        Arch::X86_64 => {
+            setup::apt_packages(&PACKAGES)?;
+            (build_tests(&args.test)?, None)
+        }
+        Arch::Aarch64 => {
+            setup::apt_packages(&AARCH64_PACKAGES)?;
+            let root = aarch64_root(&vm_dir)?;
+            (cross_build_tests(&args.test, AARCH64_TRIPLE)?, Some(root))
+        }
+    };
     let mut outcomes = Vec::new();
     for spec in specs {
         let kernel = Kernel::fetch(spec, &vm_dir)?;
-        let initrd = kernel.initramfs()?;
-        let mut outcome = boot(&kernel, &initrd, &binaries, &vm_dir, args.timeout)?;
+        let initrd = kernel.initramfs(guest_root.as_deref())?;
+        let guest = Guest {
+            kernel: &kernel,
+            initrd: &initrd,
+            built: &built,
+            root: guest_root.as_deref(),
+            vm_dir: &vm_dir,
+            timeout,
+        };
+        let mut outcome = boot(&guest)?;
         if !outcome.passed && outcome.int3_oops {
             let kept = outcome.log.with_extension("oops.log");
             fs::rename(&outcome.log, &kept)?;
@@ -161,7 +276,7 @@ pub fn run(args: &VmArgs) -> Result<(u64, u64)> {
                 outcome.kernel,
                 kept.display()
             );
-            outcome = boot(&kernel, &initrd, &binaries, &vm_dir, args.timeout)?;
+            outcome = boot(&guest)?;
         }
         outcomes.push(outcome);
     }
@@ -199,16 +314,18 @@ pub fn run(args: &VmArgs) -> Result<(u64, u64)> {
     Ok(totals)
 }
 
-fn select(names: &[String]) -> Result<Vec<&'static KernelSpec>> {
+fn select(arch: Arch, names: &[String]) -> Result<Vec<&'static KernelSpec>> {
     let mut out: Vec<&'static KernelSpec> = Vec::new();
+    let kernels = || KERNELS.iter().filter(move |k| k.arch == arch);
     for name in names {
         let picked: Vec<&'static KernelSpec> = if name == "all" {
-            KERNELS.iter().collect()
+            kernels().collect()
         } else {
-            let spec = KERNELS.iter().find(|k| k.name == name).ok_or_else(|| {
-                let known: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+            let spec = kernels().find(|k| k.name == name).ok_or_else(|| {
+                let known: Vec<&str> = kernels().map(|k| k.name).collect();
                 anyhow!(
-                    "no kernel {name} in the matrix (known: {}, all)",
+                    "no {} kernel {name} in the matrix (known: {}, all)",
+                    arch.name(),
                     known.join(", ")
                 )
             })?;
@@ -223,9 +340,15 @@ fn select(names: &[String]) -> Result<Vec<&'static KernelSpec>> {
     Ok(out)
 }
 
-/// Builds the test binaries (and the binaries they drive) and returns their
-/// paths.
-fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
+/// What a guest runs: the test binaries and the stackprobe binary (for
+/// `doctor`), built for the guest's architecture.
+struct Built {
+    tests: Vec<PathBuf>,
+    stackprobe: PathBuf,
+}
+
+/// Builds the test binaries (and the binaries they drive) for this host.
+fn build_tests(tests: &[String]) -> Result<Built> {
     let mut cmd = cargo();
     cmd.args([
         "test",
@@ -234,8 +357,43 @@ fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
         "--no-run",
         "-p",
         "stackprobe",
-    ])
-    .args(["--message-format", "json"]);
+    ]);
+    built(cmd, tests)
+}
+
+/// Builds the test binaries (and the binaries they drive: stackprobe, the
+/// loopback) for `triple` with nightly's `-Z build-std`, linked by Debian's
+/// cross gcc, into target/cross-TRIPLE (its own directory, so a cross build
+/// never waits on the host's). The eBPF object is built again for the target:
+/// aya-build passes the target's arch to the eBPF crate
+/// (`bpf_target_arch`), which is how its kprobes read `pt_regs`.
+fn cross_build_tests(tests: &[String], triple: &str) -> Result<Built> {
+    let gcc = match triple {
+        AARCH64_TRIPLE => "aarch64-linux-gnu-gcc",
+        _ => bail!("no cross linker known for {triple}"),
+    };
+    let linker_var = format!(
+        "CARGO_TARGET_{}_LINKER",
+        triple.to_uppercase().replace('-', "_")
+    );
+    let mut cmd = Command::new("rustup");
+    cmd.current_dir(workspace_root())
+        // What `cargo xtask` runs under would pin stable.
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO")
+        .env_remove("RUSTC")
+        .env(linker_var, gcc)
+        .env(format!("CC_{}", triple.replace('-', "_")), gcc)
+        .args(["run", "nightly", "cargo", "test", "--release", "--locked"])
+        .args(["--no-run", "-p", "stackprobe", "--target", triple])
+        .args(["-Z", "build-std", "--target-dir"])
+        .arg(format!("target/cross-{triple}"));
+    built(cmd, tests)
+}
+
+/// Runs `cmd` (a `cargo test --no-run`) for `tests` and returns what it built.
+fn built(mut cmd: Command, tests: &[String]) -> Result<Built> {
+    cmd.args(["--message-format", "json"]);
     for t in tests {
         cmd.args(["--test", t]);
     }
@@ -247,18 +405,26 @@ fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
         bail!("building the test binaries failed: {}", out.status);
     }
     let mut binaries = Vec::new();
+    let mut stackprobe = None;
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let is_test = msg["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "test"));
-        if msg["reason"] == "compiler-artifact"
-            && is_test
-            && let Some(exe) = msg["executable"].as_str()
-        {
+        let kind_is = |kind: &str| {
+            msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == kind))
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        if kind_is("test") {
             binaries.push(PathBuf::from(exe));
+        } else if kind_is("bin") && msg["target"]["name"] == "stackprobe" {
+            stackprobe = Some(PathBuf::from(exe));
         }
     }
     if binaries.len() != tests.len() {
@@ -267,7 +433,48 @@ fn build_tests(tests: &[String]) -> Result<Vec<PathBuf>> {
             tests.len()
         );
     }
-    Ok(binaries)
+    Ok(Built {
+        tests: binaries,
+        stackprobe: stackprobe.ok_or_else(|| anyhow!("cargo built no stackprobe binary"))?,
+    })
+}
+
+/// FNV-1a, for a cache key that stays the same from one toolchain to the next.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The arm64 guest's root: Debian's packages (and their dependencies)
+/// unpacked by mmdebstrap, made once per package list.
+fn aarch64_root(vm_dir: &Path) -> Result<PathBuf> {
+    let list = format!("{AARCH64_ROOT_SUITE} {}", AARCH64_ROOT_PACKAGES.join(","));
+    let root = vm_dir.join(format!("root-arm64-{:016x}", fnv1a(&list)));
+    if root.join(".complete").exists() {
+        return Ok(root);
+    }
+    let _ = fs::remove_dir_all(&root);
+    fs::create_dir_all(vm_dir)?;
+    eprintln!("xtask: vm-test: making the arm64 root ({list})");
+    run_cmd(
+        Command::new("mmdebstrap")
+            .args(["--variant=extract", "--architectures=arm64", "--quiet"])
+            .arg(format!("--include={}", AARCH64_ROOT_PACKAGES.join(",")))
+            .arg(AARCH64_ROOT_SUITE)
+            .arg(&root)
+            .arg("http://deb.debian.org/debian"),
+    )?;
+    // No maintainer script ran: the shell and /etc/hosts are ours to make.
+    if !root.join("bin/sh").exists() {
+        std::os::unix::fs::symlink("busybox", root.join("bin/sh"))?;
+    }
+    fs::write(
+        root.join("etc/hosts"),
+        "127.0.0.1 localhost\n::1 localhost\n",
+    )?;
+    fs::write(root.join(".complete"), &list)?;
+    Ok(root)
 }
 
 struct Kernel {
@@ -284,7 +491,7 @@ impl Kernel {
     /// Downloads and extracts the newest package of `spec`, unless a
     /// previous run left it under `vm_dir`.
     fn fetch(spec: &'static KernelSpec, vm_dir: &Path) -> Result<Self> {
-        let dir = vm_dir.join(spec.name);
+        let dir = vm_dir.join(spec.key());
         let root = dir.join("root");
         if !root.join(".complete").exists() {
             fs::create_dir_all(&dir)?;
@@ -335,16 +542,22 @@ impl Kernel {
     }
 
     /// A busybox initramfs with the modules that 9p needs (rebuilt each
-    /// run: under a second, and /init follows the workspace's path).
-    fn initramfs(&self) -> Result<PathBuf> {
+    /// run: under a second, and /init follows the workspace's path). With
+    /// `guest_root` (arm64), its busybox, and an /init that makes it the
+    /// guest's userland.
+    fn initramfs(&self, guest_root: Option<&Path>) -> Result<PathBuf> {
         let out = self.dir.join("initramfs.cpio");
         let staging = self.dir.join("initramfs");
         let _ = fs::remove_dir_all(&staging);
         for d in ["bin", "mods", "proc", "sys", "dev", "newroot"] {
             fs::create_dir_all(staging.join(d))?;
         }
-        fs::copy("/bin/busybox", staging.join("bin/busybox"))
-            .context("copying busybox (busybox-static)")?;
+        let busybox = guest_root.map_or_else(
+            || PathBuf::from("/bin/busybox"),
+            |root| root.join("bin/busybox"),
+        );
+        fs::copy(&busybox, staging.join("bin/busybox"))
+            .with_context(|| format!("copying {} (busybox-static)", busybox.display()))?;
         let kernel_root = if self.root.join("lib/modules").is_dir() {
             self.root.clone()
         } else {
@@ -406,7 +619,7 @@ impl Kernel {
             }
         }
         let init = staging.join("init");
-        fs::write(&init, init_script(&order))?;
+        fs::write(&init, init_script(&order, guest_root.is_some()))?;
         fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
         let list = capture(Command::new("sh").arg("-c").arg(format!(
             "cd '{}' && find . -print0 | cpio --null -o -H newc --quiet > '{}'",
@@ -472,13 +685,19 @@ impl Apt {
         fs::create_dir_all(state.join("cache/archives/partial"))?;
         let list = state.join("sources.list");
         fs::write(&list, format!("{source}\n"))?;
-        let options = vec![
+        let mut options = vec![
             format!("-oDir::Etc::sourcelist={}", list.display()),
             "-oDir::Etc::sourceparts=/nonexistent".to_string(),
             format!("-oDir::State::Lists={}", state.join("lists").display()),
             format!("-oDir::Cache={}", state.join("cache").display()),
             "-oAPT::Get::List-Cleanup=0".to_string(),
         ];
+        // Another architecture's packages, without `dpkg --add-architecture`
+        // on this machine.
+        if spec.arch == Arch::Aarch64 {
+            options.push("-oAPT::Architecture=arm64".to_string());
+            options.push("-oAPT::Architectures=arm64".to_string());
+        }
         let apt = Self { options };
         run_cmd(apt.command(dir).args(["update", "-q"]))?;
         Ok(apt)
@@ -515,15 +734,26 @@ fn version_key(name: &str) -> Vec<u64> {
         .collect()
 }
 
-/// /init: load the 9p modules, build a root of the host's /usr and /etc plus
-/// the workspace, and run the guest script there as PID 1.
-fn init_script(modules: &[String]) -> String {
+/// /init: load the 9p modules, build a root of the host's /usr and /etc
+/// (with `own_root`, of the guest's own root, shared as `sysroot`) plus the
+/// workspace, and run the guest script there as PID 1.
+fn init_script(modules: &[String], own_root: bool) -> String {
     let ws = workspace_root();
     let ws = ws.display();
     let insmods: String = modules
         .iter()
         .map(|m| format!("/bin/busybox insmod /mods/{m} || echo 'vm-init: insmod {m} failed'\n"))
         .collect();
+    let userland = if own_root {
+        "$B mkdir -p $R/sysroot
+$B mount $P,ro sysroot $R/sysroot
+for d in bin sbin lib usr etc var; do $B ln -s sysroot/$d $R/$d; done"
+    } else {
+        "$B mkdir -p $R/usr $R/etc
+$B mount $P,ro usr $R/usr
+$B mount $P,ro etc $R/etc
+for d in bin sbin lib lib64; do [ -e $R/usr/$d ] && $B ln -s usr/$d $R/$d; done"
+    };
     format!(
         r#"#!/bin/busybox sh
 B=/bin/busybox
@@ -532,17 +762,15 @@ $B mount -t sysfs sys /sys
 $B mount -t devtmpfs dev /dev
 {insmods}R=/newroot
 $B mount -t tmpfs -o size=1g tmpfs $R
-$B mkdir -p $R/usr $R/etc $R/proc $R/sys $R/dev $R/tmp $R/run $R/root $R/vmshare
+$B mkdir -p $R/proc $R/sys $R/dev $R/tmp $R/run $R/root $R/vmshare
 # /tmp and /run first: the workspace may live under /tmp (CI's clones do).
 $B mount -t tmpfs tmpfs $R/tmp
 $B mount -t tmpfs tmpfs $R/run
 $B mkdir -p $R{ws}
 P="-t 9p -o trans=virtio,version=9p2000.L,msize=512000"
-$B mount $P,ro usr $R/usr
-$B mount $P,ro etc $R/etc
+{userland}
 $B mount $P,ro ws $R{ws}
 $B mount $P vmshare $R/vmshare
-for d in bin sbin lib lib64; do [ -e $R/usr/$d ] && $B ln -s usr/$d $R/$d; done
 $B mount --move /proc $R/proc
 $B mount --move /sys $R/sys
 $B mount --move /dev $R/dev
@@ -552,12 +780,13 @@ exec $B switch_root $R /bin/sh /vmshare/guest.sh
 }
 
 /// The guest's PID 1 after switch_root: runs doctor and the tests, then
-/// tells qemu the result through the isa-debug-exit port (qemu exits with
-/// `(code << 1) | 1`).
-fn guest_script(binaries: &[PathBuf], spec: &KernelSpec) -> String {
+/// tells qemu the result: on x86_64 through the isa-debug-exit port (qemu
+/// exits with `(code << 1) | 1`); arm64's virt machine has no such port, so
+/// there it writes the result to the share and powers off.
+fn guest_script(built: &Built, spec: &KernelSpec) -> String {
     let (fork_hooks, queue_hooks) = (spec.fork_hooks, spec.queue_hooks);
-    let stackprobe = workspace_root().join("target/release/stackprobe");
-    let tests: String = binaries
+    let tests: String = built
+        .tests
         .iter()
         .map(|b| {
             format!(
@@ -566,10 +795,29 @@ fn guest_script(binaries: &[PathBuf], spec: &KernelSpec) -> String {
             )
         })
         .collect();
+    let report = match spec.arch {
+        Arch::X86_64 => {
+            "if [ $rc -eq 0 ]; then printf '\\000'; else printf '\\001'; fi | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
+sleep 10"
+        }
+        Arch::Aarch64 => "echo $rc > /vmshare/result
+sync
+busybox poweroff -f",
+    };
+    // The arm64 root has busybox but not its applets' links (no maintainer
+    // script ran): they go last on the PATH.
+    let applets = match spec.arch {
+        Arch::X86_64 => "",
+        Arch::Aarch64 => {
+            "busybox mkdir -p /run/applets && busybox --install -s /run/applets
+export PATH=$PATH:/run/applets
+"
+        }
+    };
     format!(
         r#"#!/bin/sh
-ip link set lo up
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin HOME=/root
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+{applets}ip link set lo up
 export STACKPROBE_EXPECT_FORK_HOOKS={fork_hooks} STACKPROBE_EXPECT_QUEUE_HOOKS={queue_hooks}
 echo "== kernel $(uname -r)"
 rc=0
@@ -577,25 +825,38 @@ echo "== doctor"
 {stackprobe} doctor
 cd /tmp
 {tests}echo "== result $rc"
-if [ $rc -eq 0 ]; then printf '\000'; else printf '\001'; fi | dd of=/dev/port bs=1 seek=244 count=1 2>/dev/null
-sleep 10
+{report}
 "#,
-        stackprobe = stackprobe.display()
+        stackprobe = built.stackprobe.display()
     )
 }
 
-fn boot(
-    kernel: &Kernel,
-    initrd: &Path,
-    binaries: &[PathBuf],
-    vm_dir: &Path,
+/// One boot: the kernel, its initramfs, what runs, and where.
+struct Guest<'a> {
+    kernel: &'a Kernel,
+    initrd: &'a Path,
+    built: &'a Built,
+    /// The arm64 guest's own root; x86_64 guests share this host's /usr and /etc.
+    root: Option<&'a Path>,
+    vm_dir: &'a Path,
     timeout: u64,
-) -> Result<Outcome> {
-    let share = vm_dir.join(format!("share-{}", kernel.spec.name));
+}
+
+fn boot(guest: &Guest) -> Result<Outcome> {
+    let Guest {
+        kernel,
+        initrd,
+        built,
+        root,
+        vm_dir,
+        timeout,
+    } = *guest;
+    let key = kernel.spec.key();
+    let share = vm_dir.join(format!("share-{key}"));
     let _ = fs::remove_dir_all(&share);
     fs::create_dir_all(&share)?;
-    fs::write(share.join("guest.sh"), guest_script(binaries, kernel.spec))?;
-    let log_path = vm_dir.join(format!("{}.log", kernel.spec.name));
+    fs::write(share.join("guest.sh"), guest_script(built, kernel.spec))?;
+    let log_path = vm_dir.join(format!("{key}.log"));
     let mut log = fs::File::create(&log_path)?;
     let virtfs = |path: &Path, tag: &str, ro: bool| {
         format!(
@@ -605,35 +866,47 @@ fn boot(
         )
     };
     eprintln!(
-        "xtask: vm-test: booting {} ({}) under qemu",
-        kernel.spec.name, kernel.release
+        "xtask: vm-test: booting {key} ({}) under qemu",
+        kernel.release
     );
+    let qemu = match kernel.spec.arch {
+        Arch::X86_64 => "qemu-system-x86_64",
+        Arch::Aarch64 => "qemu-system-aarch64",
+    };
+    let mut cmd = Command::new("timeout");
+    cmd.args(["--kill-after=10", &timeout.to_string(), qemu])
+        .args(["-accel", "tcg,thread=multi"]);
+    match kernel.spec.arch {
+        Arch::X86_64 => {
+            cmd.args(["-cpu", "max"])
+                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+                .args(["-virtfs", &virtfs(Path::new("/usr"), "usr", true)])
+                .args(["-virtfs", &virtfs(Path::new("/etc"), "etc", true)])
+                .args(["-append", "console=ttyS0 panic=-1 quiet"]);
+        }
+        Arch::Aarch64 => {
+            let root = root.ok_or_else(|| anyhow!("an arm64 guest needs its root"))?;
+            // pauth-impdef: pointer authentication with QEMU's own cheap
+            // hash rather than the architected one, which TCG emulates slowly.
+            cmd.args(["-M", "virt", "-cpu", "max,pauth-impdef=on"])
+                .args(["-virtfs", &virtfs(root, "sysroot", true)])
+                .args(["-append", "console=ttyAMA0 panic=-1 quiet"]);
+        }
+    }
     let started = Instant::now();
-    let mut child = Command::new("timeout")
-        .args(["--kill-after=10", &timeout.to_string()])
-        .args([
-            "qemu-system-x86_64",
-            "-accel",
-            "tcg,thread=multi",
-            "-cpu",
-            "max",
-        ])
+    let mut child = cmd
         .args(["-m", "2048", "-smp", "2", "-nographic", "-no-reboot"])
         .arg("-kernel")
         .arg(&kernel.vmlinuz)
         .arg("-initrd")
         .arg(initrd)
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
-        .args(["-virtfs", &virtfs(Path::new("/usr"), "usr", true)])
-        .args(["-virtfs", &virtfs(Path::new("/etc"), "etc", true)])
         .args(["-virtfs", &virtfs(&workspace_root(), "ws", true)])
         .args(["-virtfs", &virtfs(&share, "vmshare", false)])
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .context("starting qemu-system-x86_64")?;
+        .with_context(|| format!("starting {qemu}"))?;
     let (mut passed_tests, mut failed_tests) = (0, 0);
     let mut hooks = Vec::new();
     let mut costs = Vec::new();
@@ -643,7 +916,7 @@ fn boot(
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
         let line = line.trim_end_matches('\r');
-        println!("  [{}] {line}", kernel.spec.name);
+        println!("  [{key}] {line}");
         writeln!(log, "{line}")?;
         if let Some(r) = line.strip_prefix("== kernel ") {
             release = r.to_string();
@@ -672,6 +945,8 @@ fn boot(
                     "{hook} {}",
                     if verdict == "ok" { "yes" } else { "no" }
                 ));
+            } else if rest.starts_with("fork and vfork:") {
+                hooks.push("no fork/vfork syscalls".to_string());
             } else if verdict == "fork" {
                 hooks.push(format!(
                     "fork uses {}",
@@ -701,14 +976,23 @@ fn boot(
         }
     }
     let status = child.wait()?;
-    // 1 = the guest wrote 0 (every test passed); 3 = it wrote 1; 0 = a
-    // panic or no result; 124/137 = timeout.
-    let passed = status.code() == Some(1) && failed_tests == 0 && passed_tests > 0;
+    let guest_passed = match kernel.spec.arch {
+        // 1 = the guest wrote 0 (every test passed); 3 = it wrote 1; 0 = a
+        // panic or no result; 124/137 = timeout.
+        Arch::X86_64 => status.code() == Some(1),
+        // The guest powered off (qemu exits 0, as after a panic) with its
+        // result in the share.
+        Arch::Aarch64 => {
+            status.code() == Some(0)
+                && fs::read_to_string(share.join("result")).is_ok_and(|r| r.trim() == "0")
+        }
+    };
+    let passed = guest_passed && failed_tests == 0 && passed_tests > 0;
     if status.code() == Some(124) || status.code() == Some(137) {
         writeln!(log, "xtask: the guest ran past {timeout} s and was stopped")?;
     }
     Ok(Outcome {
-        kernel: kernel.spec.name.to_string(),
+        kernel: key,
         release,
         passed,
         tests: (passed_tests, failed_tests),
@@ -725,10 +1009,10 @@ fn boot(
 /// (the install test): the vmlinuz, the initramfs and the kernel's release.
 pub(crate) fn kernel_and_initramfs(name: &str) -> Result<(PathBuf, PathBuf, String)> {
     setup::apt_packages(&PACKAGES)?;
-    let spec = select(&[name.to_string()])?
+    let spec = select(Arch::X86_64, &[name.to_string()])?
         .pop()
         .ok_or_else(|| anyhow!("no kernel {name}"))?;
     let kernel = Kernel::fetch(spec, &workspace_root().join("target/vm"))?;
-    let initrd = kernel.initramfs()?;
+    let initrd = kernel.initramfs(None)?;
     Ok((kernel.vmlinuz, initrd, kernel.release))
 }
