@@ -80,8 +80,12 @@ impl Collector {
         }
         // Loading parsed the kernel's BTF (aya's parse and our offsets' one):
         // some 25 MB now free that malloc would otherwise keep for the whole run.
+        // musl has none: its malloc hands freed pages back by itself.
         // SAFETY: malloc_trim only returns free heap pages to the kernel.
-        unsafe { libc::malloc_trim(0) };
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            libc::malloc_trim(0)
+        };
         let events = EventStream::new(probes.take_events()?).context("polling the ring buffer")?;
         let now = Instant::now();
         let mut collector = Self {
