@@ -1,5 +1,6 @@
 //! `cargo xtask dist`: the release binary packed as a Debian package by
-//! cargo-deb, in target/dist with its SHA256SUMS. What the package ships
+//! cargo-deb, and a static musl build of it in a tarball (tarball.rs), in
+//! target/dist with their SHA256SUMS. What the package ships
 //! beside the binary is generated here from that same binary (man pages,
 //! completions) or from dist/ (the agent's unit, with the packaged path),
 //! into target/dist/pkg, where cli/Cargo.toml's `[package.metadata.deb]`
@@ -17,9 +18,10 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::{
+    cross,
     install::UNIT,
     process::{capture, cargo, run_cmd, workspace_root},
-    setup,
+    setup, tarball,
 };
 
 /// Relative to the workspace root, as cli/Cargo.toml's asset paths are.
@@ -59,18 +61,66 @@ pub fn run() -> Result<()> {
     let deb = cargo_deb(&dist)?;
     verify(&deb, &stage, &root)?;
 
-    let name = deb
-        .file_name()
-        .and_then(|n| n.to_str())
-        .context("the .deb's name is not UTF-8")?;
-    let sums = capture(Command::new("sha256sum").arg(name).current_dir(&dist))?;
+    let host_version = stdout_of(Command::new(&binary).arg("--version"))?;
+    // "stackprobe 0.1.0 (commit 1a2b3c4)"
+    let version = host_version
+        .split_whitespace()
+        .nth(1)
+        .with_context(|| format!("`stackprobe --version` printed {host_version:?}"))?;
+    let target = &cross::X86_64_MUSL;
+    let static_binary = cross::build(target)?;
+    let tarball = tarball::pack(
+        &static_binary,
+        target,
+        version,
+        &host_version,
+        &stage,
+        &dist,
+    )?;
+
+    let mut sums = String::new();
+    for file in [&deb, &tarball] {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("{}'s name is not UTF-8", file.display()))?;
+        sums += &capture(Command::new("sha256sum").arg(name).current_dir(&dist))?;
+    }
     fs::write(dist.join("SHA256SUMS"), &sums)?;
     eprintln!(
-        "xtask: {} (checked: files, conffiles, maintainer scripts) and {}",
+        "xtask: {} (checked: files, conffiles, maintainer scripts), {} (checked: files, \
+         static binary, unit) and {}",
         deb.display(),
+        tarball.display(),
         dist.join("SHA256SUMS").display()
     );
     Ok(())
+}
+
+/// The .deb and the tarball `run` wrote, for the install test.
+pub fn artifacts() -> Result<(PathBuf, PathBuf)> {
+    let dist = workspace_root().join(DIST);
+    let mut deb = None;
+    let mut tar = None;
+    for entry in fs::read_dir(&dist).with_context(|| format!("reading {}", dist.display()))? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name.ends_with(".deb") {
+            deb = Some(path.clone());
+        } else if name.ends_with(".tar.gz") {
+            tar = Some(path.clone());
+        }
+    }
+    match (deb, tar) {
+        (Some(deb), Some(tar)) => Ok((deb, tar)),
+        _ => bail!(
+            "{} holds no .deb and tarball: run `cargo xtask dist`",
+            dist.display()
+        ),
+    }
 }
 
 /// Man pages (cargo-deb gzips them), the three completion scripts, and the
@@ -183,7 +233,7 @@ fn stdout_of(cmd: &mut Command) -> Result<String> {
 }
 
 /// Regular files and links in `dpkg-deb -c`'s listing, as absolute paths.
-fn files_in_listing(listing: &str) -> BTreeSet<String> {
+pub(crate) fn files_in_listing(listing: &str) -> BTreeSet<String> {
     listing
         .lines()
         .filter(|l| !l.starts_with('d'))

@@ -4,13 +4,16 @@
 //! makes sure the tools it needs are there, and drives cargo.
 
 mod bench;
+mod cross;
 mod dist;
 mod install;
+mod install_test;
 mod lab;
 mod layers;
 mod module_graph;
 mod process;
 mod setup;
+mod tarball;
 mod tasks;
 mod vm;
 
@@ -42,14 +45,20 @@ enum Task {
     Install(install::InstallArgs),
     /// Build the release binary and a Debian package of it (binary, man
     /// pages, completions, docs, the agent's unit neither enabled nor
-    /// started) into target/dist with SHA256SUMS, then check what the
-    /// package holds and what its scripts do. Installs cargo-deb if needed.
+    /// started), and a static musl build in a tarball with the same files,
+    /// into target/dist with SHA256SUMS, then check what each holds and
+    /// what the package's scripts do. Installs cargo-deb and musl-tools if
+    /// needed.
     Dist,
+    /// Run `dist`, then install its .deb and its tarball on a clean Debian
+    /// 12 under qemu (a root made by mmdebstrap, Debian's 6.1 kernel) and
+    /// check each works there and leaves nothing behind (as root).
+    InstallTest(install_test::Args),
     /// Set up, then run the whole test suite: formatting, clippy, the
     /// layers' dependencies (check-layers), module cycles (check-modules),
     /// unit tests, the root-only integration tests
     /// that load the real probes, and the probe tests again inside Debian's
-    /// 6.1 and 6.12 kernels under qemu.
+    /// 6.1 and 6.12 kernels under qemu, and `install-test`.
     Test {
         /// Skip the qemu kernels (a quicker local run; CI runs them).
         #[arg(long)]
@@ -134,6 +143,7 @@ fn main() -> ExitCode {
         Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
         Task::Install(args) => setup::run().and_then(|()| install::run(&args)),
         Task::Dist => setup::run().and_then(|()| dist::run()),
+        Task::InstallTest(args) => setup::run().and_then(|()| install_test::run(&args)),
         // The lab tests run the real stack, so its packages come first.
         Task::Test { no_vm } => setup::run()
             .and_then(|()| setup::apt_packages(&lab::PACKAGES))

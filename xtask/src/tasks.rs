@@ -8,7 +8,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    layers, module_graph,
+    install_test, layers, module_graph,
     process::{cargo, is_root, run_cmd, workspace_root},
     vm,
 };
@@ -35,7 +35,8 @@ pub fn run(args: &[String]) -> Result<()> {
     run_cmd(cmd.args(args))
 }
 
-/// `vm`: also run the probe tests inside the CI kernels under qemu.
+/// `vm`: also run the probe tests inside the CI kernels under qemu, and
+/// the packages' install test (a clean Debian guest, also under qemu).
 pub fn test(vm: bool) -> Result<()> {
     if !is_root() {
         bail!(
@@ -70,6 +71,9 @@ pub fn test(vm: bool) -> Result<()> {
         let (passed, failed) = vm::run(&vm::VmArgs::ci())?;
         totals.passed += passed;
         totals.failed += failed;
+        // The packages, installed on a clean guest: counted as one test.
+        install_test::run(&install_test::Args::default())?;
+        totals.passed += 1;
     }
     // One closing line for the whole suite: cargo's own last line is the
     // doc-test run of the last crate, which says nothing about the rest.
