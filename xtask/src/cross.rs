@@ -5,8 +5,11 @@
 //! constant with its packages, linker and flags.
 //!
 //! The eBPF object needs nothing here: cli/probes/build.rs (aya-build)
-//! builds it for bpfel, whatever the host crate's target (both are little
-//! endian), with its own rustflags and target dir.
+//! builds it for bpfel (both targets are little endian), with its own
+//! rustflags and target dir, and with `bpf_target_arch` set to the host
+//! crate's target arch (`CARGO_CFG_TARGET_ARCH`), which is how its kprobes
+//! read that architecture's `pt_regs`: an aarch64 binary embeds an object
+//! built for aarch64.
 
 use std::{
     fs,
@@ -52,6 +55,18 @@ pub const X86_64_MUSL: Target = Target {
     rustflags: &["-Clink-self-contained=no", "-Crelocation-model=static"],
     static_binary: true,
     libgcc_eh_as_libunwind: true,
+};
+
+/// arm64 with glibc, linked by Debian's cross gcc: what `cargo xtask
+/// vm-test --arch aarch64` runs in Debian's arm64 kernels, with the
+/// guest's own glibc.
+pub const AARCH64_GNU: Target = Target {
+    triple: "aarch64-unknown-linux-gnu",
+    packages: &["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"],
+    linker: "aarch64-linux-gnu-gcc",
+    rustflags: &[],
+    static_binary: false,
+    libgcc_eh_as_libunwind: false,
 };
 
 /// `CARGO_TARGET_<TRIPLE>_…`'s middle part: x86_64-unknown-linux-musl →
@@ -162,6 +177,16 @@ fn make_libunwind(target: &Target) -> Result<()> {
 /// target's linker and flags set for that target alone, so the build
 /// scripts (and aya-build's eBPF build) stay as they are.
 pub fn build_command(target: &Target) -> Command {
+    cargo_command(
+        target,
+        &["build", "-p", "stackprobe", "--bin", "stackprobe"],
+    )
+}
+
+/// `cargo SUBCOMMAND [ARGS] --release --locked` for `target`, as
+/// [`build_command`] builds (vm-test's `test --no-run` of the test binaries
+/// too); the target's packages and libunwind are the caller's to set up.
+pub fn cargo_command(target: &Target, subcommand: &[&str]) -> Command {
     let env = env_triple(target.triple);
     let mut rustflags: Vec<String> = target.rustflags.iter().map(|f| f.to_string()).collect();
     if target.libgcc_eh_as_libunwind {
@@ -169,9 +194,9 @@ pub fn build_command(target: &Target) -> Command {
     }
     let mut cmd = Command::new("rustup");
     cmd.current_dir(workspace_root())
-        .args(["run", "nightly", "cargo", "build", "--release", "--locked"])
-        .args(["-p", "stackprobe", "--bin", "stackprobe"])
-        .args(["--target", target.triple])
+        .args(["run", "nightly", "cargo"])
+        .args(subcommand)
+        .args(["--release", "--locked", "--target", target.triple])
         .arg("--target-dir")
         .arg(target_dir(target))
         // build-std's documented pair; std brings panic_unwind itself,
@@ -257,6 +282,14 @@ mod tests {
             "musl-gcc".into()
         )));
         assert!(envs.contains(&("CC_x86_64_unknown_linux_musl".into(), "musl-gcc".into())));
+        let cmd = cargo_command(&AARCH64_GNU, &["test", "--no-run"]);
+        assert!(cmd.get_envs().any(|(k, v)| {
+            k == "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER"
+                && v.is_some_and(|v| v == "aarch64-linux-gnu-gcc")
+        }));
+        let args: Vec<_> = cmd.get_args().collect();
+        assert_eq!(&args[..5], ["run", "nightly", "cargo", "test", "--no-run"]);
+        assert!(target_dir(&AARCH64_GNU).ends_with("target/cross-aarch64-unknown-linux-gnu"));
     }
 
     #[test]
