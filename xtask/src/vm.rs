@@ -24,6 +24,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::{
+    cross,
     process::{capture, cargo, is_root, run_cmd, workspace_root},
     setup,
 };
@@ -37,16 +38,9 @@ const PACKAGES: [&str; 5] = [
     "xz-utils",
 ];
 
-/// What an arm64 guest needs besides: its qemu, the arm64 root's maker, and
-/// the cross linker (nightly's rust-src builds the std).
-const AARCH64_PACKAGES: [&str; 6] = [
-    "qemu-system-arm",
-    "mmdebstrap",
-    "gcc-aarch64-linux-gnu",
-    "libc6-dev-arm64-cross",
-    "cpio",
-    "kmod",
-];
+/// What an arm64 guest needs besides: its qemu and the arm64 root's maker
+/// (the cross linker is [`cross::AARCH64_GNU`]'s).
+const AARCH64_PACKAGES: [&str; 4] = ["qemu-system-arm", "mmdebstrap", "cpio", "kmod"];
 
 /// The guest's architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -80,7 +74,6 @@ const AARCH64_ROOT_PACKAGES: [&str; 5] = [
     "coreutils",
 ];
 const AARCH64_ROOT_SUITE: &str = "bookworm";
-const AARCH64_TRIPLE: &str = "aarch64-unknown-linux-gnu";
 /// Debian's arm64 kernels, bookworm's and its security updates'.
 const ARM64_SOURCES: &str = "deb [arch=arm64] http://deb.debian.org/debian bookworm main\n\
      deb [arch=arm64] http://deb.debian.org/debian-security bookworm-security main";
@@ -251,7 +244,10 @@ pub fn run(args: &VmArgs) -> Result<(u64, u64)> {
         Arch::Aarch64 => {
             setup::apt_packages(&AARCH64_PACKAGES)?;
             let root = aarch64_root(&vm_dir)?;
-            (cross_build_tests(&args.test, AARCH64_TRIPLE)?, Some(root))
+            (
+                cross_build_tests(&args.test, &cross::AARCH64_GNU)?,
+                Some(root),
+            )
         }
     };
     let mut outcomes = Vec::new();
@@ -362,33 +358,17 @@ fn build_tests(tests: &[String]) -> Result<Built> {
 }
 
 /// Builds the test binaries (and the binaries they drive: stackprobe, the
-/// loopback) for `triple` with nightly's `-Z build-std`, linked by Debian's
-/// cross gcc, into target/cross-TRIPLE (its own directory, so a cross build
-/// never waits on the host's). The eBPF object is built again for the target:
-/// aya-build passes the target's arch to the eBPF crate
-/// (`bpf_target_arch`), which is how its kprobes read `pt_regs`.
-fn cross_build_tests(tests: &[String], triple: &str) -> Result<Built> {
-    let gcc = match triple {
-        AARCH64_TRIPLE => "aarch64-linux-gnu-gcc",
-        _ => bail!("no cross linker known for {triple}"),
-    };
-    let linker_var = format!(
-        "CARGO_TARGET_{}_LINKER",
-        triple.to_uppercase().replace('-', "_")
-    );
-    let mut cmd = Command::new("rustup");
-    cmd.current_dir(workspace_root())
-        // What `cargo xtask` runs under would pin stable.
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env_remove("CARGO")
-        .env_remove("RUSTC")
-        .env(linker_var, gcc)
-        .env(format!("CC_{}", triple.replace('-', "_")), gcc)
-        .args(["run", "nightly", "cargo", "test", "--release", "--locked"])
-        .args(["--no-run", "-p", "stackprobe", "--target", triple])
-        .args(["-Z", "build-std", "--target-dir"])
-        .arg(format!("target/cross-{triple}"));
-    built(cmd, tests)
+/// loopback) for `target` ([`cross`]: nightly's `-Z build-std`, Debian's
+/// cross gcc, target/cross-TRIPLE, so a cross build never waits on the
+/// host's). The eBPF object is built again for the target: aya-build passes
+/// the target's arch to the eBPF crate (`bpf_target_arch`), which is how
+/// its kprobes read `pt_regs`.
+fn cross_build_tests(tests: &[String], target: &cross::Target) -> Result<Built> {
+    setup::apt_packages(target.packages)?;
+    built(
+        cross::cargo_command(target, &["test", "--no-run", "-p", "stackprobe"]),
+        tests,
+    )
 }
 
 /// Runs `cmd` (a `cargo test --no-run`) for `tests` and returns what it built.
