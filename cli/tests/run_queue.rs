@@ -209,6 +209,60 @@ impl Started {
     }
 }
 
+/// The scheduler's `DELAY_DEQUEUE` feature turned off while this lives,
+/// where it is on and the kernel lets it be changed (debugfs's
+/// `sched/features`, mounted for the while if it was not), and back on
+/// after. The 6.12 guest's schedstat counts some sleeps of a task whose
+/// dequeue was delayed as waits for a CPU: a worker that slept 200 times
+/// 1 ms in a 486 ms window, 140 ms on a CPU, was given 372 ms of waits,
+/// which the window cannot hold, while its own clock put every wakeup's
+/// wait together at 87 ms at most, and the probes at 11 ms; its runs,
+/// preemptions and CPU time matched the probes' exactly. Off, the kernel's
+/// account is an oracle again. The host (6.18, delayed dequeue on, its
+/// features not writable) tests the probes with it on.
+struct ExactSchedstat {
+    features: Option<std::path::PathBuf>,
+    mounted: bool,
+}
+
+impl ExactSchedstat {
+    const DEBUGFS: &str = "/sys/kernel/debug";
+
+    fn start() -> Self {
+        let features = std::path::Path::new(Self::DEBUGFS).join("sched/features");
+        let mut guard = Self {
+            features: None,
+            mounted: false,
+        };
+        if !features.exists() {
+            guard.mounted = std::process::Command::new("mount")
+                .args(["-t", "debugfs", "none", Self::DEBUGFS])
+                .status()
+                .is_ok_and(|s| s.success());
+        }
+        let on = std::fs::read_to_string(&features)
+            .is_ok_and(|f| f.split_whitespace().any(|x| x == "DELAY_DEQUEUE"));
+        if on && std::fs::write(&features, "NO_DELAY_DEQUEUE").is_ok() {
+            eprintln!("DELAY_DEQUEUE off for the measurement (schedstat's waits)");
+            guard.features = Some(features);
+        }
+        guard
+    }
+}
+
+impl Drop for ExactSchedstat {
+    fn drop(&mut self) {
+        if let Some(features) = &self.features {
+            std::fs::write(features, "DELAY_DEQUEUE").expect("turning DELAY_DEQUEUE back on");
+        }
+        if self.mounted {
+            let _ = std::process::Command::new("umount")
+                .arg(Self::DEBUGFS)
+                .status();
+        }
+    }
+}
+
 /// Threads of the test (unwatched) spinning on `cpu` until dropped
 /// (bounded: 60 s at most).
 struct Hogs {
@@ -271,6 +325,7 @@ fn watched_server() -> (Session, Server) {
 /// account of what their wakeups took).
 fn measure(workers: usize, cpu: &str, hogs: usize, work: &str) -> Window {
     let _lock = probe_lock();
+    let _exact = ExactSchedstat::start();
     let (mut s, mut server) = watched_server();
     let pid = server.pid;
     server.send(&format!("workers {workers} {cpu}"));
@@ -420,6 +475,7 @@ fn seen_in_role(s: &Session, child: u32) -> Account {
 /// and its parent's checked to hold none of it.
 fn measure_child() -> Window {
     let _lock = probe_lock();
+    let _exact = ExactSchedstat::start();
     let (mut s, mut server) = watched_server();
     let parent = server.pid;
     // Forked now, it is watched as the parent's child: the kernel keeps its
