@@ -20,6 +20,7 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::{
+    cache_key::fnv1a,
     process::{capture, run_cmd, workspace_root},
     setup,
 };
@@ -39,7 +40,7 @@ pub struct Target {
     /// std links `-lunwind` here (musl), a libunwind.a that Rust's own
     /// rust-std brings and Debian does not: the linker's libgcc_eh.a, with
     /// the same `_Unwind_*` functions, stands in for it, with
-    /// [`DL_FIND_OBJECT`] for the one glibc function it calls.
+    /// [`LIBGCC_EH_SHIM`] for what it expects of glibc.
     pub libgcc_eh_as_libunwind: bool,
 }
 
@@ -84,18 +85,35 @@ pub fn target_dir(target: &Target) -> PathBuf {
         .join(format!("cross-{}", target.triple))
 }
 
-/// Where `-lunwind` finds libgcc_eh.a, for a target that needs it.
+/// Where `-lunwind` finds libgcc_eh.a, for a target that needs it: named
+/// by the shim, so that a changed shim changes the rustflags and cargo
+/// links again (it does not watch the archive).
 fn unwind_dir(target: &Target) -> PathBuf {
-    target_dir(target).join("unwind")
+    target_dir(target).join(format!("unwind-{:016x}", fnv1a(LIBGCC_EH_SHIM)))
 }
 
-/// glibc's `_dl_find_object` (2.35), which GCC 12's unwinder calls to find
-/// the `.eh_frame_hdr` of the code at an address, made of
-/// `dl_iterate_phdr`, which musl has, static binaries included. The
-/// struct's layout is glibc's for x86_64 and aarch64 alike.
-const DL_FIND_OBJECT: &str = r#"#define _GNU_SOURCE
+/// What GCC 12's libgcc_eh.a, built for glibc, needs that a static musl
+/// link does not give it:
+/// - glibc's `_dl_find_object` (2.35), which it calls to find the
+///   `.eh_frame_hdr` of the code at an address, made here of
+///   `dl_iterate_phdr`, which musl has, static binaries included (the
+///   struct's layout is glibc's, for x86_64 and aarch64 alike);
+/// - the pthread functions it calls through weak references, which take
+///   nothing out of a static libc.a: unreferenced, they are null, and the
+///   first unwind (any panic) jumps to 0. Named here, they are linked in.
+const LIBGCC_EH_SHIM: &str = r#"#define _GNU_SOURCE
 #include <link.h>
+#include <pthread.h>
 #include <stdint.h>
+
+void *const stackprobe_libgcc_eh_pthread[] = {
+    (void *)pthread_once,
+    (void *)pthread_mutex_lock,
+    (void *)pthread_mutex_unlock,
+    (void *)pthread_key_create,
+    (void *)pthread_getspecific,
+    (void *)pthread_setspecific,
+};
 
 struct dl_find_object {
     unsigned long long dlfo_flags;
@@ -146,7 +164,7 @@ int _dl_find_object(void *pc, struct dl_find_object *out) {
 }
 "#;
 
-/// libunwind.a: the linker's libgcc_eh.a with `_dl_find_object` added.
+/// libunwind.a: the linker's libgcc_eh.a with the shim added.
 fn make_libunwind(target: &Target) -> Result<()> {
     let found = capture(Command::new(target.linker).arg("-print-file-name=libgcc_eh.a"))?;
     let libgcc_eh = PathBuf::from(found.trim());
@@ -157,10 +175,10 @@ fn make_libunwind(target: &Target) -> Result<()> {
     );
     let dir = unwind_dir(target);
     fs::create_dir_all(&dir)?;
-    let source = dir.join("dl_find_object.c");
-    let object = dir.join("dl_find_object.o");
+    let source = dir.join("libgcc_eh_shim.c");
+    let object = dir.join("libgcc_eh_shim.o");
     let archive = dir.join("libunwind.a");
-    fs::write(&source, DL_FIND_OBJECT)?;
+    fs::write(&source, LIBGCC_EH_SHIM)?;
     run_cmd(
         Command::new(target.linker)
             .args(["-O2", "-fPIC", "-Wall", "-Werror", "-c"])
@@ -227,7 +245,40 @@ pub fn build(target: &Target) -> Result<PathBuf> {
     if target.static_binary {
         check_static(&binary)?;
     }
+    if target.libgcc_eh_as_libunwind {
+        let symbols = capture(Command::new("nm").arg(&binary))
+            .with_context(|| format!("listing {}'s symbols", binary.display()))?;
+        shim_linked(&symbols).with_context(|| format!("{}", binary.display()))?;
+    }
     Ok(binary)
+}
+
+/// What the shim gave libgcc_eh, in the binary: `_dl_find_object` defined,
+/// and no pthread function left a weak reference with nothing behind it
+/// (`w`, no address): that is a call to 0 at the first panic. (Those the
+/// unwinder does not use may be absent altogether.)
+fn shim_linked(nm: &str) -> Result<()> {
+    let defined = nm.lines().any(|l| {
+        let fields: Vec<&str> = l.split_whitespace().collect();
+        matches!(fields.as_slice(), [_, "T" | "t", "_dl_find_object"])
+    });
+    ensure!(defined, "_dl_find_object is not defined in it");
+    let unresolved: Vec<&str> = nm
+        .lines()
+        .filter_map(
+            |l| match l.split_whitespace().collect::<Vec<_>>().as_slice() {
+                [kind, name] if matches!(*kind, "w" | "U" | "v") => Some(*name),
+                _ => None,
+            },
+        )
+        .filter(|name| name.trim_start_matches('_').starts_with("pthread_"))
+        .collect();
+    ensure!(
+        unresolved.is_empty(),
+        "{unresolved:?} are referenced and not linked in: its unwinder would call 0 at the \
+         first panic"
+    );
+    Ok(())
 }
 
 /// No ELF interpreter (the kernel runs it with no loader) and no shared
@@ -290,6 +341,25 @@ mod tests {
         let args: Vec<_> = cmd.get_args().collect();
         assert_eq!(&args[..5], ["run", "nightly", "cargo", "test", "--no-run"]);
         assert!(target_dir(&AARCH64_GNU).ends_with("target/cross-aarch64-unknown-linux-gnu"));
+    }
+
+    #[test]
+    fn an_unresolved_weak_pthread_function_is_caught() {
+        let linked = "0000000000443720 T _dl_find_object\n\
+                      00000000009396b0 W pthread_once\n\
+                      0000000000938c70 T __pthread_key_create\n";
+        shim_linked(linked).unwrap();
+        let err = shim_linked(&format!("{linked}                 w pthread_once\n")).unwrap_err();
+        assert!(format!("{err}").contains("pthread_once"), "{err}");
+        assert!(
+            shim_linked(&format!(
+                "{linked}                 w __pthread_key_create\n"
+            ))
+            .is_err()
+        );
+        // Other weak references are not the shim's business.
+        shim_linked(&format!("{linked}                 w __gmon_start__\n")).unwrap();
+        assert!(shim_linked("00000000009396b0 W pthread_once\n").is_err());
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! makes sure the tools it needs are there, and drives cargo.
 
 mod bench;
+mod cache_key;
 mod cross;
 mod dist;
 mod install;
