@@ -251,12 +251,19 @@ pub struct WatchArgs {
     pub unix_queue_hook: Option<stackprobe_probes::rungs::UnixQueueRung>,
 
     /// Also time how long servers hold unix connections and count their
-    /// busy workers (a php-fpm pool on a unix socket), as TCP ones always
-    /// are. Off by default: it runs a probe on every close(2) on the host,
-    /// which on a php-fpm stack costs more than the rest of stackprobe's
-    /// probes together (BENCHMARKS.md).
+    /// busy workers (a php-fpm pool on a unix socket) on a kernel without
+    /// fentry, as TCP ones always are (with fentry they are, at one run per
+    /// unix socket released). Off by default: without fentry it runs a
+    /// probe on every close(2) on the host, which on a php-fpm stack costs
+    /// more than the rest of stackprobe's probes together (BENCHMARKS.md).
     #[arg(long)]
     pub unix_service_time: bool,
+
+    /// See unix connections' ends with this hook instead of the best this
+    /// kernel offers (fentry on unix_release; close: the close and exit
+    /// probes); fails if it cannot attach.
+    #[arg(long, value_enum, value_name = "HOOK")]
+    pub unix_service_hook: Option<stackprobe_probes::rungs::UnixServiceRung>,
 
     /// Also measure how long watched threads wait for a CPU (run-queue
     /// latency), their time on it and how often they are preempted. Off by
@@ -330,6 +337,7 @@ impl AgentArgs {
             queue_hook: None,
             unix_queue_hook: None,
             unix_service_time: false,
+            unix_service_hook: None,
             run_queue: self.run_queue,
             log_probes: false,
             headless: true,

@@ -318,7 +318,7 @@ fn dropping_the_probes_detaches_and_unloads_every_program() {
     assert_eq!(
         ids.len(),
         PROGRAM_NAMES.len()
-            + UNIX_SERVICE_PROGRAM_NAMES.len()
+            + unix_service_program_names(s.collector.probes().unix_service_rung()).len()
             + probes_common::run_queue::PROGRAMS.len()
             + fork_program_names(s.collector.probes().fork_rung()).len()
             + queue_program_names(s.collector.probes().queue_rung()).len()

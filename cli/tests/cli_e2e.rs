@@ -251,6 +251,7 @@ fn after_sigkill_the_kernel_frees_every_probe_and_a_closed_stdout_ends_cleanly()
             + fork_program_names(ForkRung::Tracepoint).len()
             + state_extra_loaded()
             + unix_queue_extra_loaded()
+            + unix_service_extra_loaded()
     );
     sp.signal(libc::SIGKILL);
     let (status, _, _) = sp.finish();

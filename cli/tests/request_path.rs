@@ -11,7 +11,10 @@ mod support;
 use std::process::Command;
 
 use stackprobe_model::{histogram::LatencyHistogram, measure::Latency, process::Span};
-use stackprobe_probes::{Options, rungs::UnixQueueRung};
+use stackprobe_probes::{
+    Options,
+    rungs::{UnixQueueRung, UnixServiceRung},
+};
 use support::*;
 
 const WORKERS: u64 = 2;
@@ -163,7 +166,8 @@ fn assert_held(s: &Session, destination: &str, served: &Served, what: &str) {
     );
 }
 
-/// With `--unix-service-time`'s close and exit probes.
+/// With `--unix-service-time`: the best rung (fentry where the kernel
+/// takes it, else the close and exit probes).
 fn unix_service_session() -> Session {
     Session::try_start(Options {
         unix_service: true,
@@ -172,31 +176,45 @@ fn unix_service_session() -> Session {
     .expect("loading the probes")
 }
 
-/// Without `--unix-service-time`, a unix pool's queue is timed but its
-/// connections start no service (no hook would see them end), while a TCP
-/// pool's are served as ever.
+/// Without `--unix-service-time`, a unix pool's queue is timed, and its
+/// connections are served only where the kernel takes fentry (cheap
+/// there); else they start no service (no hook would see them end), while
+/// a TCP pool's are served as ever.
 #[test]
-fn without_unix_service_time_a_unix_pool_has_no_service_and_a_tcp_one_does() {
+fn without_unix_service_time_a_unix_pool_is_served_only_where_fentry_sees_its_end() {
     let _lock = probe_lock();
     let dir = TempDir::new("unix-off");
     let mut s = Session::start();
-    let mut server = Server::start(Some(&dir.0.join("off.sock")));
-    s.collector.probes_mut().watch_pid(server.pid).unwrap();
-    s.collector.refresh().unwrap();
-    let served = serve_pool(&mut s, &mut server, "unix", false);
-    assert_queue_wait(
-        &latency(&s, server.pid, Latency::AcceptQueue),
-        &served,
-        "unix, no service time",
-    );
-    assert_eq!(latency(&s, server.pid, Latency::Service).summary().count, 0);
-    let busy = s.collector.probes_mut().take_busy().unwrap();
+    let rung = s.collector.probes().unix_service_rung();
     assert!(
-        busy.iter()
-            .all(|(server_pid, _, _)| *server_pid != server.pid),
-        "{busy:?}"
+        rung.is_none() || rung == Some(UnixServiceRung::Fentry),
+        "{rung:?}"
     );
-    server.stop();
+    if takes_fentry() {
+        assert_eq!(rung, Some(UnixServiceRung::Fentry));
+    }
+    let server = Server::start(Some(&dir.0.join("off.sock")));
+    if rung.is_some() {
+        check_pool(&mut s, server, "unix", false, "unix, fentry by default");
+    } else {
+        let mut server = server;
+        s.collector.probes_mut().watch_pid(server.pid).unwrap();
+        s.collector.refresh().unwrap();
+        let served = serve_pool(&mut s, &mut server, "unix", false);
+        assert_queue_wait(
+            &latency(&s, server.pid, Latency::AcceptQueue),
+            &served,
+            "unix, no service time",
+        );
+        assert_eq!(latency(&s, server.pid, Latency::Service).summary().count, 0);
+        let busy = s.collector.probes_mut().take_busy().unwrap();
+        assert!(
+            busy.iter()
+                .all(|(server_pid, _, _)| *server_pid != server.pid),
+            "{busy:?}"
+        );
+        server.stop();
+    }
     check_pool(
         &mut s,
         Server::start(None),
@@ -204,6 +222,27 @@ fn without_unix_service_time_a_unix_pool_has_no_service_and_a_tcp_one_does() {
         false,
         "tcp, no unix service time",
     );
+}
+
+/// Each unix service rung the kernel offers times the same pool's
+/// connections exactly and counts its busy workers.
+#[test]
+fn a_unix_pools_service_time_is_the_same_on_every_rung() {
+    let _lock = probe_lock();
+    let dir = TempDir::new("unix-service");
+    for rung in UnixServiceRung::LADDER {
+        let options = Options {
+            unix_service_rung: Some(rung),
+            ..Options::default()
+        };
+        let expected = rung == UnixServiceRung::Close || takes_fentry();
+        let Some(mut s) = forced_session(options, rung.name(), expected) else {
+            continue;
+        };
+        assert_eq!(s.collector.probes().unix_service_rung(), Some(rung));
+        let server = Server::start(Some(&dir.0.join("pool.sock")));
+        check_pool(&mut s, server, "unix", false, rung.name());
+    }
 }
 
 fn unix_rungs() -> Vec<(Option<UnixQueueRung>, &'static str)> {

@@ -44,9 +44,14 @@ pub const FILE_ONE_REF_GLOBAL: &str = "FILE_ONE_REF";
 /// Global holding the offset of the file's reference count (`f_ref` or
 /// `f_count`, whichever this kernel has).
 pub const FILE_REFS_GLOBAL: &str = "FILE_REFS";
-/// Global: 1 when unix connections are served (the close and exit probes
-/// attached), else 0.
-pub const UNIX_SERVICES_GLOBAL: &str = "UNIX_SERVICES";
+/// One-entry array: 1 when unix connections are served (a hook that sees
+/// their end attached: the release fentry, or the close and exit probes),
+/// else 0. Set after the rung is chosen, at attach.
+pub const SERVICE_CONFIG_MAP: &str = "SERVICE_CONFIG";
+/// fentry on `unix_release(struct socket *)`, the release of a unix
+/// socket's last file reference, whoever drops it (a close, an exit).
+pub const RELEASE_PROGRAM: &str = "service_release";
+pub const RELEASE_FUNCTION: &str = "unix_release";
 /// The fds an exiting process's table is looked through for connections
 /// it still holds.
 pub const EXIT_SCAN_FDS: u32 = 32;

@@ -117,7 +117,12 @@ pub fn file_at(fds: u64, fd: u32) -> Option<u64> {
 /// for another kind of file: a lookup by it finds nothing).
 #[inline(always)]
 pub fn sock_of_file(file: u64) -> Option<u64> {
-    let socket = deref(file, &FILE_PRIVATE_DATA)?;
+    sk_of_socket(deref(file, &FILE_PRIVATE_DATA)?)
+}
+
+/// A `struct socket`'s `struct sock`.
+#[inline(always)]
+pub fn sk_of_socket(socket: u64) -> Option<u64> {
     deref(socket, &SOCKET_SK)
 }
 

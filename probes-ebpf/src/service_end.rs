@@ -1,12 +1,18 @@
-//! Where a served unix connection ends (see services): the close(2) of a
-//! watched process that drops its last reference, or the exit of a watched
-//! process that holds it. Every other process's close or exit costs the
-//! watch-set load, and a watched one's that holds none two lookups; a
-//! program of its own for the exit, whose look through the fd table the
-//! lifecycle probe's verification need not carry.
+//! Where a served unix connection ends (see services), on one of two
+//! rungs. Where the kernel takes fentry: the release of the unix socket's
+//! last file reference (`unix_release`), whoever drops it, at one run per
+//! unix socket released on the host. Else: the close(2) of a watched
+//! process that drops its last reference, or the exit of a watched process
+//! that holds it; every other process's close or exit costs the watch-set
+//! load, and a watched one's that holds none two lookups; a program of its
+//! own for the exit, whose look through the fd table the lifecycle probe's
+//! verification need not carry.
 
 use aya_ebpf::{
-    Global, helpers::bpf_get_current_pid_tgid, macros::tracepoint, programs::TracePointContext,
+    Global,
+    helpers::bpf_get_current_pid_tgid,
+    macros::{fentry, tracepoint},
+    programs::{FEntryContext, TracePointContext},
 };
 
 use crate::{memory, services, watch_set::is_watched};
@@ -34,5 +40,11 @@ pub fn service_close(ctx: TracePointContext) -> u32 {
     if let Some(fd) = memory::field::<u64>(&ctx, &CLOSE_FD_OFFSET) {
         services::closing(tgid, fd as u32);
     }
+    0
+}
+
+#[fentry(function = "unix_release")]
+pub fn service_release(ctx: FEntryContext) -> u32 {
+    services::released(ctx.arg(0));
     0
 }

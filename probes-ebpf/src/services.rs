@@ -54,13 +54,13 @@ const UNIX: u32 = 1;
 #[map]
 static UNIX_HELD: LruHashMap<u64, u64> = LruHashMap::with_max_entries(UNIX_HELD_MAX_ENTRIES, 0);
 
-// SAFETY: no other symbol has this name; userspace sets the global by it.
-// 1 when the close and exit probes are attached (`--unix-service-time`): only
-// then does a unix accept start a service, which only they can end.
-#[unsafe(no_mangle)]
-static UNIX_SERVICES: Global<u32> = Global::new(0);
+/// 1 when a hook that sees a unix connection's end is attached (the
+/// release fentry, or the close and exit probes): only then does a unix
+/// accept start a service.
+#[map]
+static SERVICE_CONFIG: Array<u32> = Array::with_max_entries(1, 0);
 
-// SAFETY: as above.
+// SAFETY: no other symbol has this name; userspace sets the global by it.
 #[unsafe(no_mangle)]
 static FILE_REFS: Global<u32> = Global::new(0);
 
@@ -124,7 +124,7 @@ pub fn started_tracked(p: NonNull<TrackedSocket>, tgid: u32, listener: u32, at: 
 /// at `unix_fd` if a unix connection.
 #[inline(always)]
 pub fn started(sk: u64, tgid: u32, listener: u32, at: u64, unix_fd: Option<u32>) {
-    if unix_fd.is_some() && UNIX_SERVICES.load() == 0 {
+    if unix_fd.is_some() && SERVICE_CONFIG.get(0).copied().unwrap_or(0) == 0 {
         return;
     }
     let kind = if unix_fd.is_some() { UNIX } else { TCP };
@@ -396,6 +396,21 @@ pub fn closing(tgid: u32, fd: u32) {
     };
     if let Some(sk) = fds::sock_of_file(file) {
         unix_closed(sk, file, now());
+    }
+}
+
+/// The unix socket `socket` (a `struct socket`) is released, its file's
+/// last reference gone (a close, or its holder's exit): its service, if
+/// it has one, ends.
+#[inline(always)]
+pub fn released(socket: u64) {
+    if !any_open(UNIX) {
+        return;
+    }
+    if let Some(sk) = fds::sk_of_socket(socket)
+        && let Some(service) = take(sk)
+    {
+        finish(&service, now(), false);
     }
 }
 

@@ -86,7 +86,7 @@ fn unix_service_off(report: &Report, role: &RoleRow) -> Option<String> {
             && queue.p90_ns >= MIN_POOL_WAIT_NS
     })?;
     Some(format!(
-        "{}: connections wait {} (p90) in the queue of {}; how many of its workers are busy, and how long each holds a connection, are not measured for unix sockets without --unix-service-time (a probe on every close(2) on the host)",
+        "{}: connections wait {} (p90) in the queue of {}; how many of its workers are busy, and how long each holds a connection, are not measured for unix sockets on this kernel (no fentry) without --unix-service-time (a probe on every close(2) on the host)",
         role.role,
         duration(l.latency[Latency::AcceptQueue].latency.p90_ns),
         l.listener

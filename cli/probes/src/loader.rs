@@ -26,7 +26,7 @@ use super::{
     hist::KernelHists,
     kernel_log::{self, KernelLog},
     preflight, prog_info, run_queue,
-    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
+    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung, UnixServiceRung},
     self_check, services, tcp,
     tracefs::Tracefs,
     unix_queue, watch,
@@ -51,9 +51,12 @@ pub struct Options {
     pub queue_rung: Option<QueueRung>,
     /// Likewise for the unix queue wait's start.
     pub unix_queue_rung: Option<UnixQueueRung>,
-    /// Time unix connections' service and count their busy servers: a
-    /// program on every close(2) on the host (see services).
+    /// Time unix connections' service and count their busy servers where
+    /// the kernel lacks fentry too: a program on every close(2) on the
+    /// host (see services). Where it has fentry they are served anyway.
     pub unix_service: bool,
+    /// Use this hook for unix connections' ends or fail.
+    pub unix_service_rung: Option<UnixServiceRung>,
     /// Time watched threads' waits for a CPU, their slices on it and their
     /// preemptions: a program on every context switch on the host (see
     /// run_queue).
@@ -71,7 +74,7 @@ pub struct Probes {
     fork_rung: ForkRung,
     queue_rung: QueueRung,
     unix_queue_rung: UnixQueueRung,
-    unix_service: bool,
+    unix_service: Option<UnixServiceRung>,
     run_queue: bool,
     state_rung: StateRung,
     _stats: Option<OwnedFd>,
@@ -87,7 +90,7 @@ impl Probes {
         let tracefs = Tracefs::open_or_mount()?;
 
         let slots = slot_count(procfs::pid_max());
-        let kernel = KernelFacts::read(&tracefs, slots, options.unix_service)?;
+        let kernel = KernelFacts::read(&tracefs, slots)?;
         // The kernel's BTF is big once aya has parsed it (~14 MB, ~23 MB while
         // parsing): only one copy at a time, or the load's peak memory is
         // their sum. aya 0.14's loader parses one of its own as it is made
@@ -130,9 +133,13 @@ impl Probes {
         };
         // Watch-set programs first, so a watched process's children are
         // followed before any accept is timed.
-        if options.unix_service {
-            services::attach_exit(&mut ebpf, &tracefs)?;
-        }
+        let unix_service = services::attach(
+            &mut ebpf,
+            &tracefs,
+            &btf,
+            options.unix_service_rung,
+            options.unix_service,
+        )?;
         watch::attach(&mut ebpf, &tracefs)?;
         let fork_rung = fork::attach(&mut ebpf, &tracefs, &btf, options.fork_rung)?;
         let queue_rung = accept::attach(
@@ -143,9 +150,6 @@ impl Probes {
             options.queue_rung,
         )?;
         connect::attach(&mut ebpf, &tracefs)?;
-        if options.unix_service {
-            services::attach_close(&mut ebpf, &tracefs)?;
-        }
         let unix_queue_rung =
             unix_queue::attach(&mut ebpf, &tracefs, &btf, options.unix_queue_rung)?;
         tcp::load(&mut ebpf, &btf)?;
@@ -169,7 +173,7 @@ impl Probes {
             fork_rung,
             queue_rung,
             unix_queue_rung,
-            unix_service: options.unix_service,
+            unix_service,
             run_queue: options.run_queue,
             state_rung,
             _stats: stats,
@@ -223,6 +227,11 @@ impl Probes {
     /// Where a unix connection's queue wait starts on this kernel.
     pub fn unix_queue_rung(&self) -> UnixQueueRung {
         self.unix_queue_rung
+    }
+
+    /// The hook unix connections' ends come from, if they are served.
+    pub fn unix_service_rung(&self) -> Option<UnixServiceRung> {
+        self.unix_service
     }
 
     /// Tells the kernel that `owner` listens on the unix socket with inode
@@ -447,7 +456,7 @@ struct KernelFacts {
 }
 
 impl KernelFacts {
-    fn read(tracefs: &Tracefs, slots: u32, unix_service: bool) -> Result<Self> {
+    fn read(tracefs: &Tracefs, slots: u32) -> Result<Self> {
         let btf = KernelBtf::from_file(&preflight::btf_path())?;
         Ok(Self {
             setups: [
@@ -457,7 +466,7 @@ impl KernelFacts {
                 tcp::setup(&btf, tracefs)?,
                 connect::setup(tracefs, slots)?,
                 unix_queue::setup(tracefs, &btf)?,
-                services::setup(tracefs, &btf, unix_service)?,
+                services::setup(tracefs, &btf)?,
                 run_queue::setup(&btf, slots)?,
             ],
             fexit_program: accept::fexit_program(&btf),

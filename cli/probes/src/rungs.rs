@@ -148,3 +148,41 @@ impl UnixQueueRung {
         }
     }
 }
+
+/// Where a served unix connection's end is seen (TCP ones end in the state
+/// probe), best first. fentry runs once per unix socket released on the
+/// host, cheap enough to be on by default where the kernel takes it; the
+/// close and exit probes run on every close(2) on the host, so only
+/// `--unix-service-time` attaches them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnixServiceRung {
+    /// fentry on unix_release: the release of the socket's last file
+    /// reference, by a close or the holder's exit.
+    Fentry,
+    /// The tracepoints syscalls/sys_enter_close (the close of the last
+    /// reference) and sched/sched_process_exit (the holder's exit).
+    Close,
+}
+
+impl UnixServiceRung {
+    pub const LADDER: [UnixServiceRung; 2] = [Self::Fentry, Self::Close];
+
+    /// As `--unix-service-hook` and reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fentry => "fentry",
+            Self::Close => "close",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Fentry => {
+                "TCP: the state probe (the server's first FIN or a reset); unix: fentry on unix_release (the release of the socket's last reference, by a close or the holder's exit)"
+            }
+            Self::Close => {
+                "TCP: the state probe (the server's first FIN or a reset); unix: tracepoint syscalls/sys_enter_close (the last reference's close) and the holder's exit"
+            }
+        }
+    }
+}

@@ -123,6 +123,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             // The demo's own servers: what the flag costs a busy host does
             // not matter here.
             unix_service_time: true,
+            unix_service_hook: None,
             // Off, as in `watch`: the demo shows what a first run shows.
             run_queue: false,
             log_probes: false,

@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 
 use stackprobe_probes::{
     Options, Probes, fork, preflight,
-    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
+    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung, UnixServiceRung},
 };
 
 enum Verdict {
@@ -125,15 +125,13 @@ pub fn run() -> Result<()> {
                     };
                     lines.push(try_forced("unix queue hook", rung.name(), forced));
                 }
-                let forced = Options {
-                    unix_service: true,
-                    ..Options::default()
-                };
-                lines.push(try_forced(
-                    "unix service time (--unix-service-time)",
-                    "tracepoint syscalls/sys_enter_close and sched/sched_process_exit",
-                    forced,
-                ));
+                for rung in UnixServiceRung::LADDER {
+                    let forced = Options {
+                        unix_service_rung: Some(rung),
+                        ..Options::default()
+                    };
+                    lines.push(try_forced("unix service hook", rung.name(), forced));
+                }
                 let forced = Options {
                     run_queue: true,
                     ..Options::default()

@@ -90,6 +90,7 @@ async fn watch(args: WatchArgs, control: Control) -> Result<()> {
             queue_rung: args.queue_hook,
             unix_queue_rung: args.unix_queue_hook,
             unix_service: args.unix_service_time,
+            unix_service_rung: args.unix_service_hook,
             run_queue: args.run_queue,
             log_probes: args.log_probes,
         },

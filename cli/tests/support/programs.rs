@@ -2,7 +2,7 @@
 
 use stackprobe_probes::{
     Options,
-    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung},
+    rungs::{ForkRung, QueueRung, StateRung, UnixQueueRung, UnixServiceRung},
 };
 
 use super::*;
@@ -149,8 +149,30 @@ pub fn unix_queue_extra_loaded() -> usize {
         .count()
 }
 
-/// The programs `--unix-service-time` (`Options::unix_service`) adds.
-pub const UNIX_SERVICE_PROGRAM_NAMES: [&str; 2] = ["service_close", "service_exit"];
+/// The programs each unix service rung adds.
+pub fn unix_service_program_names(rung: Option<UnixServiceRung>) -> &'static [&'static str] {
+    match rung {
+        Some(UnixServiceRung::Fentry) => &["service_release"],
+        Some(UnixServiceRung::Close) => &["service_close", "service_exit"],
+        None => &[],
+    }
+}
+
+/// Every unix service rung's programs.
+pub const UNIX_SERVICE_PROGRAM_NAMES: [&str; 3] =
+    ["service_release", "service_close", "service_exit"];
+
+/// [`unix_service_program_names`] of whichever rung a running stackprobe
+/// loaded, counted from the loaded programs.
+pub fn unix_service_extra_loaded() -> usize {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            p.name_as_str()
+                .is_some_and(|n| UNIX_SERVICE_PROGRAM_NAMES.contains(&n))
+        })
+        .count()
+}
 
 /// The programs `--run-queue` (`Options::run_queue`) adds.
 pub const RUN_QUEUE_PROGRAM_NAMES: [&str; 3] = ["runq_wakeup", "runq_wakeup_new", "runq_switch"];
