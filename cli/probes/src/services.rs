@@ -1,5 +1,5 @@
 //! Userspace side of service time and busy servers (kernel side:
-//! probes-ebpf/src/services.rs and close.rs, with the accept and lifecycle
+//! probes-ebpf/src/services.rs and service_end.rs, with the accept and lifecycle
 //! probes): setup before load, attachment, and the servers' busy counts.
 
 use anyhow::{Context as _, Result, anyhow, bail};
