@@ -24,6 +24,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::{
+    cache_key::fnv1a,
     cross,
     process::{capture, cargo, is_root, run_cmd, workspace_root},
     setup,
@@ -416,13 +417,6 @@ fn built(mut cmd: Command, tests: &[String]) -> Result<Built> {
     Ok(Built {
         tests: binaries,
         stackprobe: stackprobe.ok_or_else(|| anyhow!("cargo built no stackprobe binary"))?,
-    })
-}
-
-/// FNV-1a, for a cache key that stays the same from one toolchain to the next.
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
 
