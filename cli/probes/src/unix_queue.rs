@@ -90,12 +90,17 @@ pub fn attach(
     )
 }
 
+/// Where a kernel loads the program and refuses its attach (arm64's 6.1
+/// does), it is unloaded again: no program of a rung not taken stays.
 fn attach_fentry(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
     let enqueue: &mut FEntry = program(ebpf, ENQUEUE_PROGRAM)?;
     enqueue
         .load(ENQUEUE_FUNCTION, btf)
         .context("loading fentry")?;
-    enqueue.attach().context("attaching fentry")?;
+    if let Err(e) = enqueue.attach() {
+        let _ = enqueue.unload();
+        return Err(e).context("attaching fentry");
+    }
     Ok(())
 }
 
