@@ -21,17 +21,7 @@ use super::{
     tracefs::Tracefs,
 };
 
-/// Whether this architecture has the fork(2) and vfork(2) syscalls. arm64
-/// (like every architecture on the kernel's generic syscall table) has only
-/// clone and clone3: its libc's fork() and vfork() are clone calls, and its
-/// kernel has no `sys_{enter,exit}_{fork,vfork}` tracepoints. Every rung
-/// still sees every fork there: kernel_clone and the clone tracepoints
-/// serve them all.
-pub const HAS_FORK_SYSCALLS: bool = cfg!(not(any(
-    target_arch = "aarch64",
-    target_arch = "riscv64",
-    target_arch = "loongarch64"
-)));
+pub use crate::rungs::HAS_FORK_SYSCALLS;
 
 /// What `doctor` says about fork and vfork on an architecture without them.
 pub const NO_FORK_SYSCALLS_NOTE: &str = "fork and vfork: this architecture has no fork or vfork \

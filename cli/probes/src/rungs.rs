@@ -2,6 +2,18 @@
 //! kernel hooks, the best the kernel offers is picked at load (`--fork-hook`
 //! and `--queue-hook` force one; `doctor` tries each).
 
+/// Whether this architecture has the fork(2) and vfork(2) syscalls. arm64
+/// (like every architecture on the kernel's generic syscall table) has only
+/// clone and clone3: its libc's fork() and vfork() are clone calls, and its
+/// kernel has no `sys_{enter,exit}_{fork,vfork}` tracepoints. Every rung
+/// still sees every fork there: kernel_clone and the clone tracepoints
+/// serve them all.
+pub const HAS_FORK_SYSCALLS: bool = cfg!(not(any(
+    target_arch = "aarch64",
+    target_arch = "riscv64",
+    target_arch = "loongarch64"
+)));
+
 /// Where fork latency is measured, best first: each gives the same sample
 /// (the parent's clone, start to return, with its flags), the kernel_clone
 /// rungs without the syscall entry and exit around it and at a lower cost.
@@ -31,6 +43,9 @@ impl ForkRung {
         match self {
             Self::Fentry => "fentry/fexit on kernel_clone",
             Self::Kprobe => "kprobe/kretprobe on kernel_clone",
+            Self::Tracepoint if !HAS_FORK_SYSCALLS => {
+                "tracepoints syscalls/sys_{enter,exit}_{clone,clone3}"
+            }
             Self::Tracepoint => "tracepoints syscalls/sys_{enter,exit}_{clone,clone3,fork,vfork}",
         }
     }

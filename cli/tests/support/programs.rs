@@ -98,6 +98,10 @@ pub fn queue_program_names(hook: QueueRung) -> &'static [&'static str] {
 /// The programs of each fork rung.
 pub fn fork_program_names(hook: ForkRung) -> &'static [&'static str] {
     match hook {
+        // No fork or vfork syscalls to attach fork_enter to (arm64).
+        ForkRung::Tracepoint if !stackprobe_probes::fork::HAS_FORK_SYSCALLS => {
+            &["clone_enter", "clone3_enter", "clone_exit"]
+        }
         ForkRung::Tracepoint => &["clone_enter", "clone3_enter", "fork_enter", "clone_exit"],
         // kernel_clone_fentry and kernel_clone_fexit, truncated alike.
         ForkRung::Fentry => &["kernel_clone_fe", "kernel_clone_fe"],
