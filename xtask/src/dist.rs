@@ -34,7 +34,9 @@ const PACKAGE_EXEC: &str = "ExecStart=/usr/bin/stackprobe ";
 const UNIT_NAME: &str = "stackprobe-agent";
 const CONFFILE: &str = "/etc/default/stackprobe-agent";
 
-pub fn run() -> Result<()> {
+/// `arm64`: also the arm64 package (a cross build of its own, minutes the
+/// install test, which installs the x86_64 artifacts only, does without).
+pub fn run(arm64: bool) -> Result<()> {
     setup::cargo_deb()?;
     // dpkg-shlibdeps, for the package's Depends ($auto).
     setup::apt_packages(&["dpkg-dev"])?;
@@ -58,8 +60,9 @@ pub fn run() -> Result<()> {
     let stage = root.join(STAGE);
     stage_files(&binary, &stage)?;
 
-    let deb = cargo_deb(&dist)?;
+    let deb = cargo_deb(&dist, None)?;
     verify(&deb, &stage, &root)?;
+    check_arch(&deb, "amd64", "x86-64")?;
 
     let host_version = stdout_of(Command::new(&binary).arg("--version"))?;
     // "stackprobe 0.1.0 (commit 1a2b3c4)"
@@ -78,8 +81,12 @@ pub fn run() -> Result<()> {
         &dist,
     )?;
 
+    let mut packed = vec![deb.clone(), tarball.clone()];
+    if arm64 {
+        packed.push(arm64_deb(&root, &dist, &stage)?);
+    }
     let mut sums = String::new();
-    for file in [&deb, &tarball] {
+    for file in &packed {
         let name = file
             .file_name()
             .and_then(|n| n.to_str())
@@ -89,10 +96,68 @@ pub fn run() -> Result<()> {
     fs::write(dist.join("SHA256SUMS"), &sums)?;
     eprintln!(
         "xtask: {} (checked: files, conffiles, maintainer scripts), {} (checked: files, \
-         static binary, unit) and {}",
+         static binary, unit){} and {}",
         deb.display(),
         tarball.display(),
+        packed
+            .get(2)
+            .map(|d| format!(", {} (checked as the first)", d.display()))
+            .unwrap_or_default(),
         dist.join("SHA256SUMS").display()
+    );
+    Ok(())
+}
+
+/// The arm64 package: the aarch64 glibc build packed as the x86_64 one is,
+/// with the same generated files (man pages and completions do not depend
+/// on the architecture, and this host cannot run an aarch64 binary to make
+/// them). No static arm64 tarball: Debian 12 has no aarch64 musl cross
+/// toolchain (musl-tools builds for the host only).
+fn arm64_deb(root: &Path, dist: &Path, stage: &Path) -> Result<PathBuf> {
+    let target = &cross::AARCH64_GNU;
+    let built = cross::build(target)?;
+    // Where cargo-deb looks with --target: its asset target/release/… moved
+    // under the triple.
+    let release = root.join("target").join(target.triple).join("release");
+    fs::create_dir_all(&release)?;
+    fs::copy(&built, release.join("stackprobe"))
+        .with_context(|| format!("copying {} for cargo-deb", built.display()))?;
+    let deb = cargo_deb(dist, Some(target.triple))?;
+    verify(&deb, stage, root)?;
+    check_arch(&deb, "arm64", "ARM aarch64")?;
+    Ok(deb)
+}
+
+/// The package's Architecture field is `arch`, and its binary is what
+/// `file` calls `machine`.
+fn check_arch(deb: &Path, arch: &str, machine: &str) -> Result<()> {
+    let field = capture(
+        Command::new("dpkg-deb")
+            .arg("-f")
+            .arg(deb)
+            .arg("Architecture"),
+    )?;
+    ensure!(
+        field.trim() == arch,
+        "{} is for {}, not {arch}",
+        deb.display(),
+        field.trim()
+    );
+    let unpacked = deb.with_extension("unpacked");
+    if unpacked.exists() {
+        fs::remove_dir_all(&unpacked)?;
+    }
+    run_cmd(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&unpacked))?;
+    let described = capture(
+        Command::new("file")
+            .arg("-b")
+            .arg(unpacked.join("usr/bin/stackprobe")),
+    )?;
+    fs::remove_dir_all(&unpacked)?;
+    ensure!(
+        described.contains(machine),
+        "{}'s /usr/bin/stackprobe is {described}, not {machine}",
+        deb.display()
     );
     Ok(())
 }
@@ -108,7 +173,7 @@ pub fn artifacts() -> Result<(PathBuf, PathBuf)> {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        if name.ends_with(".deb") {
+        if name.ends_with("_amd64.deb") {
             deb = Some(path.clone());
         } else if name.ends_with(".tar.gz") {
             tar = Some(path.clone());
@@ -192,11 +257,15 @@ fn verify(deb: &Path, stage: &Path, root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs cargo-deb and returns the path of the package it wrote.
-fn cargo_deb(dist: &Path) -> Result<PathBuf> {
+/// Runs cargo-deb (for `triple`, else the host) and returns the path of the
+/// package it wrote.
+fn cargo_deb(dist: &Path, triple: Option<&str>) -> Result<PathBuf> {
     let mut cmd = cargo();
     cmd.args(["deb", "-p", "stackprobe", "--no-build", "--output"])
         .arg(dist);
+    if let Some(triple) = triple {
+        cmd.args(["--target", triple]);
+    }
     let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     for line in stderr.lines() {

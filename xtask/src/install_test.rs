@@ -83,7 +83,7 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("install-test runs mmdebstrap and qemu as root: run it with sudo");
     }
     if !args.no_dist {
-        dist::run()?;
+        dist::run(false)?;
     }
     let (deb, tar) = dist::artifacts()?;
     setup::apt_packages(&["mmdebstrap", "cpio"])?;

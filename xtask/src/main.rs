@@ -48,9 +48,14 @@ enum Task {
     /// pages, completions, docs, the agent's unit neither enabled nor
     /// started), and a static musl build in a tarball with the same files,
     /// into target/dist with SHA256SUMS, then check what each holds and
-    /// what the package's scripts do. Installs cargo-deb and musl-tools if
-    /// needed.
-    Dist,
+    /// what the package's scripts do; then the arm64 package, cross-built
+    /// (no static arm64 build: Debian 12 has no aarch64 musl toolchain).
+    /// Installs cargo-deb, musl-tools and the aarch64 cross gcc if needed.
+    Dist {
+        /// Leave the arm64 package out (its cross build takes minutes).
+        #[arg(long)]
+        no_arm64: bool,
+    },
     /// Run `dist`, then install its .deb and its tarball on a clean Debian
     /// 12 under qemu (a root made by mmdebstrap, Debian's 6.1 kernel) and
     /// check each works there and leaves nothing behind (as root).
@@ -143,7 +148,7 @@ fn main() -> ExitCode {
         Task::Build => setup::run().and_then(|()| tasks::build()),
         Task::Run { args } => setup::run().and_then(|()| tasks::run(&args)),
         Task::Install(args) => setup::run().and_then(|()| install::run(&args)),
-        Task::Dist => setup::run().and_then(|()| dist::run()),
+        Task::Dist { no_arm64 } => setup::run().and_then(|()| dist::run(!no_arm64)),
         Task::InstallTest(args) => setup::run().and_then(|()| install_test::run(&args)),
         // The lab tests run the real stack, so its packages come first.
         Task::Test { no_vm } => setup::run()
