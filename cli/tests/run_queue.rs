@@ -60,16 +60,22 @@ fn quiet_account(pid: u32) -> Account {
     }
 }
 
+/// A thread's schedstat (its /proc/PID/task/TID directory): time on a CPU,
+/// time waiting on a run queue, runs after a wait.
+fn schedstat(task: &std::path::Path) -> Vec<u64> {
+    std::fs::read_to_string(task.join("schedstat"))
+        .unwrap()
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
 fn account(pid: u32) -> (Account, bool) {
     let mut sum = Account::default();
     let mut all_asleep = true;
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let dir = task.unwrap().path();
-        let schedstat = std::fs::read_to_string(dir.join("schedstat")).unwrap();
-        let f: Vec<u64> = schedstat
-            .split_whitespace()
-            .map(|v| v.parse().unwrap())
-            .collect();
+        let f = schedstat(&dir);
         sum.on_cpu_ns += f[0];
         sum.waited_ns += f[1];
         sum.pcount += f[2];
@@ -142,11 +148,7 @@ fn thread_times(pid: u32) -> HashMap<String, u64> {
         .unwrap()
         .map(|task| {
             let dir = task.unwrap().path();
-            let schedstat = std::fs::read_to_string(dir.join("schedstat")).unwrap();
-            let f: Vec<u64> = schedstat
-                .split_whitespace()
-                .map(|v| v.parse().unwrap())
-                .collect();
+            let f = schedstat(&dir);
             let tid = dir.file_name().unwrap().to_string_lossy().into_owned();
             (tid, f[0] + f[1])
         })
