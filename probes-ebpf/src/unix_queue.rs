@@ -65,10 +65,7 @@ pub fn enqueued(sk: u64, now: u64) {
     if rung() != RUNG_DATA_READY || tcp_sock::read::<u8>(sk, &SKC_STATE) != Some(TCP_LISTEN) {
         return;
     }
-    let Some(ino) = tcp_sock::inode(sk) else {
-        return;
-    };
-    if UNIX_LISTENERS.get_ptr(ino).is_none() {
+    if !watched(sk) {
         return;
     }
     let head = sk + u64::from(SK_RECEIVE_QUEUE.load());
@@ -76,19 +73,13 @@ pub fn enqueued(sk: u64, now: u64) {
     else {
         return;
     };
-    let start = UnixQueued {
-        ns: now,
-        ..UnixQueued::default()
-    };
     if let Some(newsk) = tcp_sock::read::<u64>(tail, &SKB_SK) {
-        // Any stamp already there is a freed socket's whose address this
-        // one reuses.
-        let _ = UNIX_QUEUED.insert(newsk, start, 0);
+        stamp(newsk, now, 0);
     }
     if let Some(before) = tcp_sock::read::<u64>(tail, &SKB_PREV).filter(|&b| b != head)
         && let Some(newsk) = tcp_sock::read::<u64>(before, &SKB_SK)
     {
-        let _ = UNIX_QUEUED.insert(newsk, start, u64::from(BPF_NOEXIST));
+        stamp(newsk, now, u64::from(BPF_NOEXIST));
     }
 }
 
@@ -96,22 +87,28 @@ pub fn enqueued(sk: u64, now: u64) {
 /// `newsk` there (its full-queue check passed).
 #[inline(always)]
 pub fn connecting(listener: u64, newsk: u64, now: u64) {
-    if rung() != RUNG_FENTRY {
-        return;
+    if rung() == RUNG_FENTRY && watched(listener) {
+        stamp(newsk, now, 0);
     }
-    let Some(ino) = tcp_sock::inode(listener) else {
-        return;
-    };
-    if UNIX_LISTENERS.get_ptr(ino).is_none() {
-        return;
-    }
+}
+
+/// Whether the listening socket `listener` is one a watched process holds
+/// (by its inode, which userspace tells the kernel).
+#[inline(always)]
+fn watched(listener: u64) -> bool {
+    tcp_sock::inode(listener).is_some_and(|ino| UNIX_LISTENERS.get_ptr(ino).is_some())
+}
+
+/// Stamps the connection `newsk` queued at `now`. With `flags` 0 it
+/// replaces any stamp already there: a freed socket's, whose address this
+/// one reuses.
+#[inline(always)]
+fn stamp(newsk: u64, now: u64, flags: u64) {
     let start = UnixQueued {
         ns: now,
         ..UnixQueued::default()
     };
-    // Any stamp already there is a freed socket's whose address this one
-    // reuses.
-    let _ = UNIX_QUEUED.insert(newsk, start, 0);
+    let _ = UNIX_QUEUED.insert(newsk, start, flags);
 }
 
 /// `tgid` accepted the unix connection `newsk` from `listener` (its fd
