@@ -130,6 +130,14 @@ enum Bench {
         #[arg(long, default_value_t = 31)]
         seconds: u64,
     },
+    /// Each program's time by source line under the lab's load (perf).
+    Lines {
+        #[command(flatten)]
+        load: lab::LoadArgs,
+        /// Source lines shown per program.
+        #[arg(long, default_value_t = 12)]
+        top: usize,
+    },
 }
 
 #[derive(clap::Args)]
@@ -181,12 +189,18 @@ fn main() -> ExitCode {
                         seconds: *seconds,
                     })
                 }
+                Some(Bench::Lines { load, top }) => bench::prepare()
+                    .and_then(|()| setup::apt_packages(&bench::lines::PACKAGES))
+                    .and_then(|()| bench::lines::run(load, *top))
+                    .map(|md| print!("{md}")),
                 Some(which) => {
                     let (workload, args) = match which {
                         Bench::Accept(a) => (&bench::ACCEPT, a),
                         Bench::Fork(a) => (&bench::FORK, a),
                         Bench::Churn(a) => (&bench::CHURN, a),
-                        Bench::RunQueue { .. } => unreachable!("matched above"),
+                        Bench::RunQueue { .. } | Bench::Lines { .. } => {
+                            unreachable!("matched above")
+                        }
                     };
                     bench::prepare()?;
                     let cost = bench::probe_cost::run(workload, args.ops, args.rounds)?;

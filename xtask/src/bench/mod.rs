@@ -15,6 +15,7 @@
 mod capacity;
 mod floor;
 mod footprint;
+pub mod lines;
 mod loopback;
 pub mod probe_cost;
 pub mod run_queue;

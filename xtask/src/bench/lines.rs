@@ -1,0 +1,377 @@
+//! `cargo xtask bench lines`: where each stackprobe program's time goes,
+//! by source line, on the lab under load. A program's run time (section 2)
+//! says how much; this says on what: `perf` samples every CPU while the
+//! load runs, and each sample inside a program's JIT image is mapped back
+//! through the kernel's line info (jited address → BPF instruction) to the
+//! source line `bpftool prog dump xlated linum` names. Under a postgres fork
+//! per request most of a program's time is the first load of a line
+//! evicted since its last run; the sample lands on the instruction that
+//! waits for it, so the lines named are those whose data is cold.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+    fs,
+    process::Command,
+    thread,
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+
+use super::{
+    server::STACKPROBE_ARGS,
+    tracer::{Tracer, program_ids, programs},
+};
+use crate::{
+    lab::{self, LoadArgs},
+    process,
+};
+
+/// perf records and `bpftool` reads programs' line info.
+pub const PACKAGES: [&str; 1] = ["linux-perf"];
+
+/// One program's JIT image as the kernel describes it: its functions'
+/// address ranges, and for each line-info record the jited address it
+/// starts at and the BPF instruction it belongs to.
+#[derive(Debug, Default)]
+pub struct ProgLines {
+    pub functions: Vec<(u64, u64)>,
+    /// (jited address, instruction offset), sorted by address.
+    pub lines: Vec<(u64, u32)>,
+}
+
+impl ProgLines {
+    fn contains(&self, ip: u64) -> bool {
+        self.functions
+            .iter()
+            .any(|&(a, len)| ip >= a && ip < a + len)
+    }
+
+    /// The instruction whose jited code holds `ip`, if `ip` is this
+    /// program's.
+    fn instruction(&self, ip: u64) -> Option<u32> {
+        if !self.contains(ip) {
+            return None;
+        }
+        let i = self.lines.partition_point(|&(a, _)| a <= ip);
+        (i > 0).then(|| self.lines[i - 1].1)
+    }
+}
+
+/// Samples per source line for `prog`, most first, and its total: `ips`
+/// counts samples per instruction pointer, `source` names each BPF
+/// instruction's source line.
+pub fn attribute(
+    ips: &HashMap<u64, u64>,
+    prog: &ProgLines,
+    source: &BTreeMap<u32, String>,
+) -> (Vec<(String, u64)>, u64) {
+    let mut per_line: HashMap<&str, u64> = HashMap::new();
+    let mut total = 0;
+    for (&ip, &n) in ips {
+        let Some(insn) = prog.instruction(ip) else {
+            continue;
+        };
+        total += n;
+        // The nearest instruction at or before it with a source line.
+        let line = source
+            .range(..=insn)
+            .next_back()
+            .map_or("?", |(_, s)| s.as_str());
+        *per_line.entry(line).or_default() += n;
+    }
+    let mut rows: Vec<(String, u64)> = per_line
+        .into_iter()
+        .map(|(l, n)| (l.to_string(), n))
+        .collect();
+    rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    (rows, total)
+}
+
+/// `bpftool prog dump xlated id N linum`'s text: each instruction's source
+/// line, as `file:line code`.
+pub fn parse_xlated(text: &str) -> BTreeMap<u32, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for l in text.lines() {
+        if let Some(comment) = l.strip_prefix("; ") {
+            let (code, at) = comment.rsplit_once(" [file:").unwrap_or((comment, ""));
+            let file = at.split_whitespace().next().unwrap_or("?");
+            let file = file.rsplit('/').next().unwrap_or(file);
+            let line = at
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("line_num:"))
+                .unwrap_or("?");
+            let code: String = code.trim().chars().take(70).collect();
+            current = Some(format!("{file}:{line} `{code}`"));
+        } else if let Some((insn, _)) = l.trim_start().split_once(": (")
+            && let Ok(insn) = insn.parse::<u32>()
+            && let Some(c) = &current
+        {
+            out.insert(insn, c.clone());
+        }
+    }
+    out
+}
+
+// The bpf(2) commands and bpf_prog_info's offsets (include/uapi/linux/bpf.h).
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const INFO_LEN: usize = 232;
+const NAME: usize = 64;
+const NR_JITED_KSYMS: usize = 104;
+const NR_JITED_FUNC_LENS: usize = 108;
+const JITED_KSYMS: usize = 112;
+const JITED_FUNC_LENS: usize = 120;
+const NR_LINE_INFO: usize = 148;
+const LINE_INFO: usize = 152;
+const JITED_LINE_INFO: usize = 160;
+const NR_JITED_LINE_INFO: usize = 168;
+const LINE_INFO_REC_SIZE: usize = 172;
+const JITED_LINE_INFO_REC_SIZE: usize = 176;
+
+fn bpf(cmd: libc::c_long, attr: &mut [u8]) -> Result<i64> {
+    // SAFETY: `attr` is a valid buffer of its length, as bpf(2) takes it.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    if r < 0 {
+        bail!("bpf({cmd}): {}", std::io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+fn get_info(fd: i64, info: &mut [u8; INFO_LEN]) -> Result<()> {
+    let mut attr = [0u8; 16];
+    attr[0..4].copy_from_slice(&(fd as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&(INFO_LEN as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn put(b: &mut [u8], at: usize, v: &[u8]) {
+    b[at..at + v.len()].copy_from_slice(v);
+}
+
+/// The JIT image's functions and line info of loaded program `id`.
+pub fn prog_lines(id: u64) -> Result<ProgLines> {
+    let mut attr = [0u8; 16];
+    put(&mut attr, 0, &(id as u32).to_ne_bytes());
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    let result = (|| {
+        let mut info = [0u8; INFO_LEN];
+        get_info(fd, &mut info)?;
+        let name = String::from_utf8_lossy(&info[NAME..NAME + 16])
+            .trim_end_matches('\0')
+            .to_string();
+        let n_ksyms = u32_at(&info, NR_JITED_KSYMS) as usize;
+        let n_lens = u32_at(&info, NR_JITED_FUNC_LENS) as usize;
+        let n_lines = u32_at(&info, NR_LINE_INFO) as usize;
+        let n_jited = u32_at(&info, NR_JITED_LINE_INFO) as usize;
+        let line_rec = u32_at(&info, LINE_INFO_REC_SIZE) as usize;
+        let jited_rec = u32_at(&info, JITED_LINE_INFO_REC_SIZE) as usize;
+        ensure!(
+            n_lines == n_jited && jited_rec == 8 && line_rec >= 4,
+            "program {id} ({name}) has no usable line info"
+        );
+        let mut ksyms = vec![0u64; n_ksyms];
+        let mut lens = vec![0u32; n_lens];
+        let mut line_info = vec![0u8; n_lines * line_rec];
+        let mut jited = vec![0u64; n_jited];
+        let mut ask = [0u8; INFO_LEN];
+        put(&mut ask, NR_JITED_KSYMS, &(n_ksyms as u32).to_ne_bytes());
+        put(&mut ask, NR_JITED_FUNC_LENS, &(n_lens as u32).to_ne_bytes());
+        put(
+            &mut ask,
+            JITED_KSYMS,
+            &(ksyms.as_mut_ptr() as u64).to_ne_bytes(),
+        );
+        put(
+            &mut ask,
+            JITED_FUNC_LENS,
+            &(lens.as_mut_ptr() as u64).to_ne_bytes(),
+        );
+        put(&mut ask, NR_LINE_INFO, &(n_lines as u32).to_ne_bytes());
+        put(
+            &mut ask,
+            LINE_INFO,
+            &(line_info.as_mut_ptr() as u64).to_ne_bytes(),
+        );
+        put(
+            &mut ask,
+            JITED_LINE_INFO,
+            &(jited.as_mut_ptr() as u64).to_ne_bytes(),
+        );
+        put(
+            &mut ask,
+            NR_JITED_LINE_INFO,
+            &(n_jited as u32).to_ne_bytes(),
+        );
+        put(
+            &mut ask,
+            LINE_INFO_REC_SIZE,
+            &(line_rec as u32).to_ne_bytes(),
+        );
+        put(
+            &mut ask,
+            JITED_LINE_INFO_REC_SIZE,
+            &(jited_rec as u32).to_ne_bytes(),
+        );
+        get_info(fd, &mut ask)?;
+        let mut lines: Vec<(u64, u32)> = jited
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| (a, u32_at(&line_info, i * line_rec)))
+            .collect();
+        lines.sort_unstable();
+        Ok(ProgLines {
+            functions: ksyms
+                .into_iter()
+                .zip(lens.into_iter().map(u64::from))
+                .collect(),
+            lines,
+        })
+    })();
+    // SAFETY: `fd` is the descriptor bpf(2) just opened for this call.
+    unsafe { libc::close(fd as i32) };
+    result
+}
+
+/// Samples per instruction pointer in `perf.data` at `path`.
+fn sampled_ips(path: &str) -> Result<HashMap<u64, u64>> {
+    let out = process::capture(Command::new("perf").args(["script", "-i", path, "-F", "ip"]))?;
+    let mut ips = HashMap::new();
+    for w in out.split_whitespace() {
+        if let Ok(ip) = u64::from_str_radix(w, 16) {
+            *ips.entry(ip).or_default() += 1;
+        }
+    }
+    Ok(ips)
+}
+
+/// Runs `watch` on the lab under `load`, samples every CPU meanwhile, and
+/// returns each program's time by source line, as markdown.
+pub fn run(load: &LoadArgs, top: usize) -> Result<String> {
+    ensure!(
+        process::is_root(),
+        "perf and the probes need root: run it as root"
+    );
+    let before = program_ids()?;
+    let tracer = Tracer::stackprobe(&STACKPROBE_ARGS)?;
+    let data = std::env::temp_dir().join(format!("stackprobe-lines-{}.data", std::process::id()));
+    let data = data.to_str().context("temp path")?.to_string();
+    // perf stops a second before the load does: every sample is under it.
+    let record_s = load.seconds.saturating_sub(1).max(1);
+    let mut perf = Command::new("perf")
+        .args(["record", "-q", "-a", "-F", "20000", "-o", &data, "--"])
+        .args(["sleep", &record_s.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting perf record")?;
+    let wrk = thread::scope(|s| s.spawn(|| lab::wrk(load)).join());
+    let perf_ok = perf.wait()?.success();
+    let (_, _, wrk) = wrk.map_err(|_| anyhow::anyhow!("wrk thread panicked"))??;
+    ensure!(perf_ok, "perf record failed");
+    // Line info is read while the programs are still loaded.
+    let mut progs = Vec::new();
+    for (id, name, runs, ns) in programs()? {
+        if before.contains(&id) || runs == 0 {
+            continue;
+        }
+        let lines = prog_lines(id)?;
+        let xlated = process::capture(Command::new("bpftool").args([
+            "prog",
+            "dump",
+            "xlated",
+            "id",
+            &id.to_string(),
+            "linum",
+        ]))?;
+        progs.push((name, runs, ns, lines, parse_xlated(&xlated)));
+    }
+    tracer.end()?;
+    let ips = sampled_ips(&data)?;
+    let _ = fs::remove_file(&data);
+    progs.sort_by_key(|p| std::cmp::Reverse(p.2));
+    let mut md = format!(
+        "# Where stackprobe's programs spend their time, by source line\n\n\
+         `stackprobe watch nginx php-fpm postgres` on the lab's {:?} page, wrk with {} \
+         connections for {} s ({} requests); perf sampling every CPU at 20 kHz. Program \
+         run counts and times are since attach (bpf_stats must be on for times). A sample \
+         lands on the instruction waiting for a load, so a cold line shows on the code that \
+         first reads it; time in kernel functions a program calls (a hash lookup, a helper's \
+         copy) is theirs, not the program's, and is not in these tables.\n",
+        load.page, load.connections, load.seconds, wrk.requests
+    );
+    for (name, runs, ns, lines, source) in &progs {
+        let (rows, total) = attribute(&ips, lines, source);
+        let _ = writeln!(
+            md,
+            "\n## {name}: {runs} runs, {:.0} ns/run, {total} samples\n\n\
+             | samples | share | source line |\n|---:|---:|---|",
+            *ns as f64 / (*runs).max(1) as f64
+        );
+        for (line, n) in rows.iter().take(top) {
+            let _ = writeln!(
+                md,
+                "| {n} | {:.1} % | {} |",
+                100.0 * *n as f64 / total.max(1) as f64,
+                line.replace('|', "\\|")
+            );
+        }
+    }
+    Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const XLATED: &str = "\
+int tcp_state_btf(void * ctx):
+; #[btf_tracepoint(function = \"inet_sock_set_state\")] [file:/w/probes-ebpf/src/tcp_state.rs line_num:118 line_col:0]
+   0: (bf) r8 = r1
+; if (*s).sk == sk { [file:/w/probes-ebpf/src/tracked.rs line_num:105 line_col:16]
+   1: (79) r9 = *(u64 *)(r8 +16)
+   2: (79) r6 = *(u64 *)(r8 +8)
+; self.count += 1; [file:/w/probes-common/src/hist.rs line_num:207 line_col:9]
+   3: (07) r2 += -104
+";
+
+    #[test]
+    fn xlated_instructions_take_the_source_line_before_them() {
+        let s = parse_xlated(XLATED);
+        assert_eq!(s.len(), 4);
+        assert!(s[&0].starts_with("tcp_state.rs:118 "));
+        assert_eq!(s[&1], "tracked.rs:105 `if (*s).sk == sk {`");
+        assert_eq!(s[&2], s[&1]);
+        assert_eq!(s[&3], "hist.rs:207 `self.count += 1;`");
+    }
+
+    #[test]
+    fn samples_go_to_the_line_of_the_code_they_land_in() {
+        let source = parse_xlated(XLATED);
+        let prog = ProgLines {
+            // Two functions: the main one and a subprogram.
+            functions: vec![(0x1000, 0x40), (0x2000, 0x10)],
+            lines: vec![(0x1000, 0), (0x1010, 1), (0x1030, 3), (0x2000, 2)],
+        };
+        let ips = HashMap::from([
+            (0x1005, 2), // instruction 0
+            (0x1012, 5), // 1
+            (0x1031, 1), // 3
+            (0x2004, 4), // 2: the subprogram, tracked.rs too
+            (0x1040, 9), // past the first function: not this program's
+            (0x0fff, 7), // before it
+        ]);
+        let (rows, total) = attribute(&ips, &prog, &source);
+        assert_eq!(total, 12);
+        assert_eq!(rows[0], ("tracked.rs:105 `if (*s).sk == sk {`".into(), 9));
+        assert_eq!(rows[1].1, 2);
+        assert_eq!(rows[2], ("hist.rs:207 `self.count += 1;`".into(), 1));
+        assert_eq!(rows.len(), 3);
+    }
+}
