@@ -58,18 +58,32 @@ impl ProgLines {
     }
 }
 
-/// Samples per source line for `prog`, most first, and its total: `ips`
-/// counts samples per instruction pointer, `source` names each BPF
-/// instruction's source line.
+/// One source line's samples: in its own code, and in kernel functions it
+/// called (a hash lookup, a helper), found by the callchain.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LineSamples {
+    pub line: String,
+    pub own: u64,
+    pub called: u64,
+}
+
+/// Samples per source line for `prog`, most first, and its total: `chains`
+/// counts samples per callchain (leaf first), `source` names each BPF
+/// instruction's source line. A sample is the program's if its leaf is in
+/// the program, or a frame the leaf returns to is.
 pub fn attribute(
-    ips: &HashMap<u64, u64>,
+    chains: &HashMap<Vec<u64>, u64>,
     prog: &ProgLines,
     source: &BTreeMap<u32, String>,
-) -> (Vec<(String, u64)>, u64) {
-    let mut per_line: HashMap<&str, u64> = HashMap::new();
+) -> (Vec<LineSamples>, u64) {
+    let mut per_line: HashMap<&str, (u64, u64)> = HashMap::new();
     let mut total = 0;
-    for (&ip, &n) in ips {
-        let Some(insn) = prog.instruction(ip) else {
+    for (chain, &n) in chains {
+        let Some((depth, insn)) = chain
+            .iter()
+            .enumerate()
+            .find_map(|(d, &ip)| prog.instruction(ip).map(|i| (d, i)))
+        else {
             continue;
         };
         total += n;
@@ -78,32 +92,54 @@ pub fn attribute(
             .range(..=insn)
             .next_back()
             .map_or("?", |(_, s)| s.as_str());
-        *per_line.entry(line).or_default() += n;
+        let e = per_line.entry(line).or_default();
+        if depth == 0 {
+            e.0 += n;
+        } else {
+            e.1 += n;
+        }
     }
-    let mut rows: Vec<(String, u64)> = per_line
+    let mut rows: Vec<LineSamples> = per_line
         .into_iter()
-        .map(|(l, n)| (l.to_string(), n))
+        .map(|(l, (own, called))| LineSamples {
+            line: l.to_string(),
+            own,
+            called,
+        })
         .collect();
-    rows.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    rows.sort_by(|a, b| {
+        (b.own + b.called)
+            .cmp(&(a.own + a.called))
+            .then_with(|| a.line.cmp(&b.line))
+    });
     (rows, total)
 }
 
 /// `bpftool prog dump xlated id N linum`'s text: each instruction's source
-/// line, as `file:line code`.
+/// line, as `file:line code`. Code inlined from a library (aya's map and
+/// helper wrappers, core) is named by the project's line before it, the
+/// call site, with the library's line after `via`.
 pub fn parse_xlated(text: &str) -> BTreeMap<u32, String> {
     let mut out = BTreeMap::new();
     let mut current: Option<String> = None;
+    let mut ours = String::from("?");
     for l in text.lines() {
         if let Some(comment) = l.strip_prefix("; ") {
             let (code, at) = comment.rsplit_once(" [file:").unwrap_or((comment, ""));
-            let file = at.split_whitespace().next().unwrap_or("?");
-            let file = file.rsplit('/').next().unwrap_or(file);
+            let path = at.split_whitespace().next().unwrap_or("?");
+            let file = path.rsplit('/').next().unwrap_or(path);
             let line = at
                 .split_whitespace()
                 .find_map(|w| w.strip_prefix("line_num:"))
                 .unwrap_or("?");
             let code: String = code.trim().chars().take(70).collect();
-            current = Some(format!("{file}:{line} `{code}`"));
+            let here = format!("{file}:{line} `{code}`");
+            current = Some(if path.contains("/probes-") {
+                ours.clone_from(&here);
+                here
+            } else {
+                format!("{ours} via {file}:{line}")
+            });
         } else if let Some((insn, _)) = l.trim_start().split_once(": (")
             && let Ok(insn) = insn.parse::<u32>()
             && let Some(c) = &current
@@ -239,16 +275,21 @@ pub fn prog_lines(id: u64) -> Result<ProgLines> {
     result
 }
 
-/// Samples per instruction pointer in `perf.data` at `path`.
-fn sampled_ips(path: &str) -> Result<HashMap<u64, u64>> {
-    let out = process::capture(Command::new("perf").args(["script", "-i", path, "-F", "ip"]))?;
-    let mut ips = HashMap::new();
-    for w in out.split_whitespace() {
-        if let Ok(ip) = u64::from_str_radix(w, 16) {
-            *ips.entry(ip).or_default() += 1;
+/// Samples per callchain (leaf first) in `perf script -F ip`'s output of a
+/// `perf record -g`: one frame per line, a blank line after each sample.
+pub fn parse_chains(script: &str) -> HashMap<Vec<u64>, u64> {
+    let mut chains = HashMap::new();
+    let mut chain = Vec::new();
+    for l in script.lines().chain([""]) {
+        match u64::from_str_radix(l.trim(), 16) {
+            Ok(ip) => chain.push(ip),
+            Err(_) if !chain.is_empty() => {
+                *chains.entry(std::mem::take(&mut chain)).or_default() += 1;
+            }
+            Err(_) => {}
         }
     }
-    Ok(ips)
+    chains
 }
 
 /// Runs `watch` on the lab under `load`, samples every CPU meanwhile, and
@@ -265,7 +306,7 @@ pub fn run(load: &LoadArgs, top: usize) -> Result<String> {
     // perf stops a second before the load does: every sample is under it.
     let record_s = load.seconds.saturating_sub(1).max(1);
     let mut perf = Command::new("perf")
-        .args(["record", "-q", "-a", "-F", "20000", "-o", &data, "--"])
+        .args(["record", "-q", "-a", "-g", "-F", "20000", "-o", &data, "--"])
         .args(["sleep", &record_s.to_string()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -293,7 +334,9 @@ pub fn run(load: &LoadArgs, top: usize) -> Result<String> {
         progs.push((name, runs, ns, lines, parse_xlated(&xlated)));
     }
     tracer.end()?;
-    let ips = sampled_ips(&data)?;
+    let chains = parse_chains(&process::capture(
+        Command::new("perf").args(["script", "-i", &data, "-F", "ip"]),
+    )?);
     let _ = fs::remove_file(&data);
     progs.sort_by_key(|p| std::cmp::Reverse(p.2));
     let mut md = format!(
@@ -303,23 +346,27 @@ pub fn run(load: &LoadArgs, top: usize) -> Result<String> {
          run counts and times are since attach (bpf_stats must be on for times). A sample \
          lands on the instruction waiting for a load, so a cold line shows on the code that \
          first reads it; time in kernel functions a program calls (a hash lookup, a helper's \
-         copy) is theirs, not the program's, and is not in these tables.\n",
+         copy) goes to the line that called it, through the sample's callchain.\n",
         load.page, load.connections, load.seconds, wrk.requests
     );
     for (name, runs, ns, lines, source) in &progs {
-        let (rows, total) = attribute(&ips, lines, source);
+        let (rows, total) = attribute(&chains, lines, source);
         let _ = writeln!(
             md,
             "\n## {name}: {runs} runs, {:.0} ns/run, {total} samples\n\n\
-             | samples | share | source line |\n|---:|---:|---|",
+             | samples | share | in its code | in functions it called | source line |\n\
+             |---:|---:|---:|---:|---|",
             *ns as f64 / (*runs).max(1) as f64
         );
-        for (line, n) in rows.iter().take(top) {
+        for r in rows.iter().take(top) {
+            let n = r.own + r.called;
             let _ = writeln!(
                 md,
-                "| {n} | {:.1} % | {} |",
-                100.0 * *n as f64 / total.max(1) as f64,
-                line.replace('|', "\\|")
+                "| {n} | {:.1} % | {} | {} | {} |",
+                100.0 * n as f64 / total.max(1) as f64,
+                r.own,
+                r.called,
+                r.line.replace('|', "\\|")
             );
         }
     }
@@ -339,39 +386,61 @@ int tcp_state_btf(void * ctx):
    2: (79) r6 = *(u64 *)(r8 +8)
 ; self.count += 1; [file:/w/probes-common/src/hist.rs line_num:207 line_col:9]
    3: (07) r2 += -104
+; fun(map, key) [file:/root/.cargo/registry/src/index.crates.io-1/aya-ebpf-bindings-0.2.0/src/x86_64/helpers.rs line_num:10 line_col:5]
+   4: (85) call bpf_map_lookup_elem#1
 ";
 
     #[test]
     fn xlated_instructions_take_the_source_line_before_them() {
         let s = parse_xlated(XLATED);
-        assert_eq!(s.len(), 4);
+        assert_eq!(s.len(), 5);
         assert!(s[&0].starts_with("tcp_state.rs:118 "));
+        assert_eq!(s[&4], "hist.rs:207 `self.count += 1;` via helpers.rs:10");
         assert_eq!(s[&1], "tracked.rs:105 `if (*s).sk == sk {`");
         assert_eq!(s[&2], s[&1]);
         assert_eq!(s[&3], "hist.rs:207 `self.count += 1;`");
     }
 
     #[test]
-    fn samples_go_to_the_line_of_the_code_they_land_in() {
+    fn samples_go_to_the_line_of_the_code_they_land_in_or_called_from() {
         let source = parse_xlated(XLATED);
         let prog = ProgLines {
             // Two functions: the main one and a subprogram.
             functions: vec![(0x1000, 0x40), (0x2000, 0x10)],
             lines: vec![(0x1000, 0), (0x1010, 1), (0x1030, 3), (0x2000, 2)],
         };
-        let ips = HashMap::from([
-            (0x1005, 2), // instruction 0
-            (0x1012, 5), // 1
-            (0x1031, 1), // 3
-            (0x2004, 4), // 2: the subprogram, tracked.rs too
-            (0x1040, 9), // past the first function: not this program's
-            (0x0fff, 7), // before it
-        ]);
-        let (rows, total) = attribute(&ips, &prog, &source);
-        assert_eq!(total, 12);
-        assert_eq!(rows[0], ("tracked.rs:105 `if (*s).sk == sk {`".into(), 9));
-        assert_eq!(rows[1].1, 2);
-        assert_eq!(rows[2], ("hist.rs:207 `self.count += 1;`".into(), 1));
-        assert_eq!(rows.len(), 3);
+        // A hash lookup in the kernel, called from instruction 3.
+        let lookup = 0xffff_0000_u64;
+        let chains = parse_chains(&format!(
+            "\t1005\n\tf00\n\n\t1012\n\n\t1012\n\n\t2004\n\t1011\n\n\
+             \t{lookup:x}\n\t1031\n\tf00\n\n\t1040\n\n\t{lookup:x}\n\tfff\n"
+        ));
+        assert_eq!(chains.values().sum::<u64>(), 7);
+        let (rows, total) = attribute(&chains, &prog, &source);
+        // Not the program's: 0x1040 (past its first function), and the
+        // lookup called from elsewhere.
+        assert_eq!(total, 5);
+        let tracked = "tracked.rs:105 `if (*s).sk == sk {`";
+        assert_eq!(
+            rows,
+            [
+                // Instructions 1 (twice) and 2 (the subprogram).
+                LineSamples {
+                    line: tracked.into(),
+                    own: 3,
+                    called: 0
+                },
+                LineSamples {
+                    line: "hist.rs:207 `self.count += 1;`".into(),
+                    own: 0,
+                    called: 1
+                },
+                LineSamples {
+                    line: source[&0].clone(),
+                    own: 1,
+                    called: 0
+                },
+            ]
+        );
     }
 }
