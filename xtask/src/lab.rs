@@ -456,6 +456,11 @@ fn running() -> Vec<(&'static str, Option<u32>)> {
     .collect()
 }
 
+/// Whether every service of the lab is running.
+pub fn is_up() -> bool {
+    running().iter().all(|(_, pid)| pid.is_some())
+}
+
 pub fn status() -> Result<()> {
     for (name, pid) in running() {
         match pid {

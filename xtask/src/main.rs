@@ -122,6 +122,10 @@ enum Bench {
     Fork(BenchArgs),
     /// TCP state probe: connections opened and closed (clients close first).
     Churn(BenchArgs),
+    /// Sections 2 and 5 alone, with the per-program breakdown, printed and
+    /// not written to BENCHMARKS.md (no idle measurement). Uses the lab as
+    /// found if it is up; else brings it up and takes it down after.
+    Server(ServerArgs),
     /// Section 6 alone: `--run-queue` on the lab, beside runqlat.
     RunQueue {
         #[arg(long, default_value_t = 3)]
@@ -138,6 +142,23 @@ enum Bench {
         #[arg(long, default_value_t = 12)]
         top: usize,
     },
+}
+
+#[derive(clap::Args)]
+struct ServerArgs {
+    /// Rounds; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Seconds of load per configuration and round (stackprobe walks
+    /// TIME_WAIT sockets every 30 s: shorter rounds may leave a walk out).
+    #[arg(long, default_value_t = 31, value_parser = clap::value_parser!(u64).range(1..=600))]
+    seconds: u64,
+    /// Lab pages to load (repeatable; default: static and new).
+    #[arg(long, value_enum)]
+    page: Vec<lab::Page>,
+    /// wrk connections (repeatable; default: 8 and 32).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    connections: Vec<u32>,
 }
 
 #[derive(clap::Args)]
@@ -183,6 +204,21 @@ fn main() -> ExitCode {
             .and_then(|()| setup::apt_packages(&bench::PACKAGES))
             .and_then(|()| match &which {
                 None => bench::all(&bench::Scale { quick }),
+                Some(Bench::Server(args)) => bench::server_standalone(&bench::ServerOptions {
+                    rounds: args.rounds,
+                    seconds: args.seconds,
+                    pages: if args.page.is_empty() {
+                        vec![lab::Page::Static, lab::Page::New]
+                    } else {
+                        args.page.clone()
+                    },
+                    connections: if args.connections.is_empty() {
+                        vec![8, 32]
+                    } else {
+                        args.connections.clone()
+                    },
+                    idle: false,
+                }),
                 Some(Bench::RunQueue { rounds, seconds }) => {
                     bench::run_queue::standalone(&bench::run_queue::Length {
                         rounds: *rounds,
@@ -198,7 +234,7 @@ fn main() -> ExitCode {
                         Bench::Accept(a) => (&bench::ACCEPT, a),
                         Bench::Fork(a) => (&bench::FORK, a),
                         Bench::Churn(a) => (&bench::CHURN, a),
-                        Bench::RunQueue { .. } | Bench::Lines { .. } => {
+                        Bench::Server(_) | Bench::RunQueue { .. } | Bench::Lines { .. } => {
                             unreachable!("matched above")
                         }
                     };

@@ -9,7 +9,7 @@ use std::{collections::BTreeSet, fs};
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
-use super::tracer::{Tracer, summary};
+use super::tracer::{Tracer, perf_link_hook as link_hook, summary};
 
 /// What `stackprobe watch` attaches whichever rungs its ladders take
 /// (cli/probes/src/{watch,accept,connect}.rs), in bpftrace's probe syntax.
@@ -121,26 +121,6 @@ fn link_view<'a>(hooks: impl IntoIterator<Item = &'a str>) -> BTreeSet<String> {
             }
         })
         .collect()
-}
-
-/// The hook of a perf-event BPF link from its /proc fdinfo, in the form of
-/// [`link_view`]. Recent kernels name the hook there; with one that does not,
-/// [`discover`] finds no hook and fails.
-fn link_hook(fdinfo: &str) -> Option<String> {
-    let field = |name: &str| {
-        fdinfo
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
-    if field("link_type")? != "perf" {
-        return None;
-    }
-    match field("event_type")? {
-        "tracepoint" => Some(format!("tracepoint:{}", field("tp_name")?)),
-        kind @ ("kprobe" | "kretprobe") => Some(format!("{kind}:{}", field("name")?)),
-        _ => None,
-    }
 }
 
 /// The hooks of the perf-event links `pid` holds.

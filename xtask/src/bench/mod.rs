@@ -30,6 +30,7 @@ use anyhow::{Result, ensure};
 use crate::{lab, process, setup, tasks};
 
 pub use probe_cost::{ACCEPT, CHURN, FORK};
+pub use server::Options as ServerOptions;
 
 /// bpftool reads every program's run count and run time, and map memory;
 /// libbpf-tools has the runqlat section 6 compares with.
@@ -132,6 +133,24 @@ pub fn all(scale: &Scale) -> Result<()> {
     fs::write(&path, &md)?;
     print!("{md}");
     eprintln!("bench: wrote {}", path.display());
+    Ok(())
+}
+
+/// `cargo xtask bench server`: sections 2 and 5 with the breakdown, printed
+/// (BENCHMARKS.md is left as it is). The lab is used as found if it is up,
+/// else brought up for the run and taken down after.
+pub fn server_standalone(options: &ServerOptions) -> Result<()> {
+    prepare()?;
+    let was_up = lab::is_up();
+    let result = if was_up {
+        server::run_with(options, &Scale { quick: false })
+    } else {
+        lab::up().and_then(|()| server::run_with(options, &Scale { quick: false }))
+    };
+    let down = if was_up { Ok(()) } else { lab::down() };
+    let md = result?;
+    down?;
+    print!("{md}");
     Ok(())
 }
 

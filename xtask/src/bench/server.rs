@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, ensure};
 use super::{
     BpfStats, Scale, floor,
     server_report::{self, CONFIGS, Config, Page, Round, Run},
-    tracer::{Tracer, new_program_runs, program_ids, summary},
+    tracer::{Tracer, new_programs, program_hooks, program_ids, program_runs, summary},
 };
 use crate::lab::{self, LoadArgs, Page as LabPage};
 
@@ -97,11 +97,21 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
     let cpu = || tracer.as_ref().map(Tracer::cpu_s).transpose();
     let cpu_before = cpu()?.unwrap_or(0.0);
     let started = Instant::now();
-    let runs_before = new_program_runs(&before)?;
+    let runs_before = new_programs(&before)?;
     let (url, _, wrk) = lab::wrk(load)?;
-    let runs_after = new_program_runs(&before)?;
+    let runs_after = new_programs(&before)?;
     let cpu_after = cpu()?.unwrap_or(0.0);
     let wall_s = started.elapsed().as_secs_f64();
+    // While the tracer is still attached.
+    let hooks = program_hooks(tracer.as_ref().map(Tracer::pid))?;
+    let programs = program_runs(&runs_before, &runs_after, &hooks);
+    // The iterator runs inside the tracer's read(): its time is in the
+    // tracer's system time too.
+    let in_tracer_ns: u64 = programs
+        .iter()
+        .filter(|p| p.name == probes_common::sock::ITER_PROGRAM)
+        .map(|p| p.ns)
+        .sum();
     wrk.ensure_clean(&format!("{url} under {}", config.name()))?;
     // Drops are a result here (the server and wrk compete with the tracer
     // for two cores), reported beside the throughput.
@@ -131,17 +141,62 @@ fn measure(config: Config, load: &LoadArgs, scripts: &Scripts) -> Result<Run> {
         per_s: wrk.per_s,
         requests: wrk.requests,
         wall_s,
-        bpf_runs: runs_after.runs - runs_before.runs,
-        bpf_ns: runs_after.ns - runs_before.ns,
+        bpf_runs: programs.iter().map(|p| p.runs).sum(),
+        bpf_ns: programs.iter().map(|p| p.ns).sum(),
         // The iterator's run time is counted once, as BPF time.
-        user_cpu_s: (cpu_after - cpu_before)
-            - (runs_after.in_tracer_ns - runs_before.in_tracer_ns) as f64 / 1e9,
+        user_cpu_s: (cpu_after - cpu_before) - in_tracer_ns as f64 / 1e9,
         drops,
         rss_kib,
+        programs,
     })
 }
 
+/// What sections 2 and 5 run.
+pub struct Options {
+    pub rounds: u32,
+    /// Seconds of load per configuration and round.
+    pub seconds: u64,
+    pub pages: Vec<LabPage>,
+    /// wrk's connections: every page is loaded at each.
+    pub connections: Vec<u32>,
+    /// Whether to measure each tracer on the idle lab first.
+    pub idle: bool,
+}
+
+impl Options {
+    /// The whole benchmark's: both pages at 8 and at 32 connections.
+    pub fn of(scale: &Scale) -> Self {
+        Self {
+            rounds: scale.pick(1, 3),
+            // A round spans one of stackprobe's TIME_WAIT walks, which come
+            // every 30 s at the lab's socket counts: shorter rounds would
+            // leave their cost out.
+            seconds: scale.pick(2, 31),
+            pages: vec![LabPage::Static, LabPage::New],
+            connections: vec![8, 32],
+            idle: true,
+        }
+    }
+}
+
+fn page_title(page: LabPage) -> &'static str {
+    match page {
+        LabPage::Static => {
+            "static page through the frontend without upstream keepalive (a backend connection per request)"
+        }
+        LabPage::New => {
+            "PHP page opening a new postgres connection per request (a postgres fork per request)"
+        }
+        LabPage::Persistent => "PHP page on a persistent postgres connection",
+        LabPage::Unix => "PHP page querying postgres over its unix socket",
+    }
+}
+
 pub fn run(scale: &Scale) -> Result<String> {
+    run_with(&Options::of(scale), scale)
+}
+
+pub fn run_with(options: &Options, scale: &Scale) -> Result<String> {
     let _stats = BpfStats::enable()?;
     let floor_hooks = floor::discover(&STACKPROBE_ARGS)?;
     let scripts = Scripts {
@@ -151,26 +206,24 @@ pub fn run(scale: &Scale) -> Result<String> {
     };
     // Before any load: a load's TIME_WAIT sockets take a minute to go, and
     // while they do stackprobe walks them.
-    let idle = idle(scale, &scripts)?;
-    let rounds = scale.pick(1, 3);
-    // A round spans one of stackprobe's TIME_WAIT walks, which come every
-    // 30 s at the lab's socket counts: shorter rounds would leave their
-    // cost out.
-    let seconds = scale.pick(2, 31);
-    let pages = [
-        (
-            LabPage::Static,
-            "static page through the frontend without upstream keepalive (a backend connection per request)",
-        ),
-        (
-            LabPage::New,
-            "PHP page opening a new postgres connection per request (a postgres fork per request)",
-        ),
-    ];
+    let idle = if options.idle {
+        idle(scale, &scripts)?
+    } else {
+        String::new()
+    };
+    let Options {
+        rounds, seconds, ..
+    } = *options;
+    let connections = options
+        .connections
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(" and ");
     let mut md2 = format!(
         "\n## 2. Cost to the watched server\n\n\
          The lab (`cargo xtask lab up`: nginx → nginx → php-fpm → postgres) under wrk \
-         (2 threads, 8 connections), interleaved round by round: with nothing attached; with the \
+         (2 threads; {} connections), interleaved round by round: with nothing attached; with the \
          floor; under a bpftrace script measuring the same things as stackprobe (accept, clone and \
          connect latency histograms per process name, TCP connects' handshake latency, TCP state \
          transitions, postgres exits); under \
@@ -194,6 +247,7 @@ pub fn run(scale: &Scale) -> Result<String> {
          points of the floor's (points: hundredths of the throughput with nothing attached, per \
          round); its resident memory under 20 MB at the end of each round's load (VmRSS, which \
          includes the ring buffer's pages the kernel maps into it).\n\n",
+        connections,
         scripts
             .floor_hooks
             .iter()
@@ -209,40 +263,64 @@ pub fn run(scale: &Scale) -> Result<String> {
          | load | configuration | probe runs/request | BPF ns/probe run | total ns/probe run |\n\
          |---|---|---:|---:|---:|\n",
     );
-    for (page, title) in pages {
-        let load = LoadArgs {
-            page,
-            keepalive: false,
-            seconds,
-            connections: 8,
-        };
-        // Warm up: php-fpm workers, postgres caches, TIME_WAIT steady state.
-        lab::wrk(&LoadArgs { seconds: 1, ..load })?;
-        let mut runs: Vec<Round> = Vec::new();
-        for round in 1..=rounds {
-            let mut this = Round::default();
-            for config in CONFIGS {
-                this.0[config as usize] = measure(config, &load, &scripts)?;
+    let mut breakdown = String::from(BREAKDOWN_INTRO);
+    for &connections in &options.connections {
+        for &page in &options.pages {
+            let load = LoadArgs {
+                page,
+                keepalive: false,
+                seconds,
+                connections,
+            };
+            // Warm up: php-fpm workers, postgres caches, TIME_WAIT steady
+            // state.
+            lab::wrk(&LoadArgs { seconds: 1, ..load })?;
+            let mut runs: Vec<Round> = Vec::new();
+            for round in 1..=rounds {
+                let mut this = Round::default();
+                for config in CONFIGS {
+                    this.0[config as usize] = measure(config, &load, &scripts)?;
+                }
+                let per_s: Vec<String> = this.0.iter().map(|r| format!("{:.0}", r.per_s)).collect();
+                eprintln!(
+                    "server {page:?} {connections} connections round {round}: {} requests/s ({})",
+                    per_s.join(" / "),
+                    CONFIGS.map(Config::name).join(" / ")
+                );
+                runs.push(this);
             }
-            let per_s: Vec<String> = this.0.iter().map(|r| format!("{:.0}", r.per_s)).collect();
-            eprintln!(
-                "server {page:?} round {round}: {} requests/s ({})",
-                per_s.join(" / "),
-                CONFIGS.map(Config::name).join(" / ")
-            );
-            runs.push(this);
+            let title = format!("{}, {connections} connections", page_title(page));
+            md2.push_str(&server_report::page_table(&Page {
+                title: &title,
+                seconds,
+                cpu_target: page == LabPage::Static,
+                rounds: &runs,
+            }));
+            md5.push_str(&server_report::per_run_rows(
+                &format!("{page:?}, {connections} connections"),
+                &runs,
+            ));
+            breakdown.push_str(&server_report::breakdown_table(&title, &runs));
         }
-        md2.push_str(&server_report::page_table(&Page {
-            title,
-            seconds,
-            cpu_target: page == LabPage::Static,
-            rounds: &runs,
-        }));
-        md5.push_str(&server_report::per_run_rows(&format!("{page:?}"), &runs));
     }
     md2.push_str(&idle);
+    md2.push_str(&breakdown);
     Ok(md2 + &md5)
 }
+
+const BREAKDOWN_INTRO: &str = "\n### Per BPF program\n\n\
+     Where the BPF ns/request of the tables above go, program by program, from the same \
+     readings: for each group of hooks (the hooks the kernel lists for each program, from \
+     `bpftool perf show` and the fdinfo of the tracer's BPF links; stackprobe's socket iterator, \
+     linked only while it walks, is `iter:tcp`; hooks one program shares are one group), each \
+     stackprobe program on it (`watch`) with its runs per request, ns per run and ns per request, \
+     beside the floor's and bpftrace's programs on the same hooks (summed over their programs \
+     there). Tracepoints are named without their category; stackprobe's tp_btf programs are \
+     set beside the classic tracepoint of the same event, which the floor and bpftrace attach in \
+     their place (a few ns dearer per run). Rows by stackprobe's ns/request, largest first. \
+     Every cell is a median over the rounds (ns/run over the rounds with runs), so the rows need \
+     not add up to the total row, whose cells are medians of each round's sum over all the \
+     tracer's programs: the BPF ns/request of the tables above.\n\n";
 
 /// TIME_WAIT sockets in this network namespace (/proc/net/sockstat's
 /// `tw`).

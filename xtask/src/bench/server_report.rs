@@ -3,7 +3,7 @@
 //! stackprobe beside its targets, which are relative to bpftrace and to the
 //! floor.
 
-use std::fmt::Write as _;
+use std::{collections::BTreeSet, fmt::Write as _};
 
 use super::spread;
 
@@ -38,8 +38,23 @@ impl Config {
     }
 }
 
+/// What one BPF program of a tracer did during a run.
+#[derive(Default, Clone, Debug, PartialEq)]
+pub struct ProgramRun {
+    /// As bpftool names it (at most 15 characters).
+    pub name: String,
+    /// Where the kernel has it attached, sorted: `tracepoint:NAME` (perf
+    /// events, raw_tp and tp_btf alike, so that stackprobe's tp_btf
+    /// programs meet the floor's and bpftrace's classic tracepoints),
+    /// `kprobe:F`, `kretprobe:F`, `kfunc:F`, `kretfunc:F`, `iter:TARGET`;
+    /// `unknown` when the kernel did not say.
+    pub hooks: Vec<String>,
+    pub runs: u64,
+    pub ns: u64,
+}
+
 /// One wrk run under one configuration.
-#[derive(Default, Clone, Copy, Debug)]
+#[derive(Default, Clone, Debug)]
 pub struct Run {
     pub per_s: f64,
     pub requests: u64,
@@ -55,6 +70,9 @@ pub struct Run {
     pub drops: u64,
     /// stackprobe's resident memory at the end of the load, in KiB.
     pub rss_kib: u64,
+    /// The tracer's programs one by one (their sums are `bpf_runs` and
+    /// `bpf_ns`).
+    pub programs: Vec<ProgramRun>,
 }
 
 impl Run {
@@ -94,7 +112,7 @@ impl Run {
 }
 
 /// A run of each configuration, in [`CONFIGS`] order.
-#[derive(Default, Clone, Copy, Debug)]
+#[derive(Default, Clone, Debug)]
 pub struct Round(pub [Run; 5]);
 
 impl Round {
@@ -275,6 +293,165 @@ pub fn per_run_rows(load: &str, rounds: &[Round]) -> String {
     md
 }
 
+/// The configurations the breakdown sets side by side.
+const BROKEN_DOWN: [Config; 3] = [Config::Stackprobe, Config::Floor, Config::Bpftrace];
+
+/// Hooks grouped so that every program of every tracer in `rounds` lies
+/// within one group: hooks one program shares are in the same group (a
+/// stackprobe program on the accept and accept4 tracepoints, and bpftrace's
+/// one on each, are one group). Each group sorted; groups in no order.
+fn hook_groups(rounds: &[Round]) -> Vec<BTreeSet<String>> {
+    let mut groups: Vec<BTreeSet<String>> = Vec::new();
+    let programs = rounds
+        .iter()
+        .flat_map(|r| BROKEN_DOWN.map(|c| r.of(c)))
+        .flat_map(|run| &run.programs);
+    for p in programs {
+        let mut merged: BTreeSet<String> = p.hooks.iter().cloned().collect();
+        groups.retain(|g| {
+            let overlaps = !g.is_disjoint(&merged);
+            if overlaps {
+                merged.extend(g.iter().cloned());
+            }
+            !overlaps
+        });
+        groups.push(merged);
+    }
+    groups
+}
+
+/// (runs, ns) of `run`'s programs on `group`, and of those named `name`
+/// if one is given.
+fn on_group(run: &Run, group: &BTreeSet<String>, name: Option<&str>) -> (u64, u64) {
+    run.programs
+        .iter()
+        .filter(|p| p.hooks.first().is_some_and(|h| group.contains(h)))
+        .filter(|p| name.is_none_or(|n| p.name == n))
+        .fold((0, 0), |(runs, ns), p| (runs + p.runs, ns + p.ns))
+}
+
+/// Medians over rounds of runs/request, ns/run and ns/request of what
+/// `pick` takes from each round's run of `config` (ns/run over the rounds
+/// with runs, `None` if none had any).
+fn program_medians(
+    rounds: &[Round],
+    config: Config,
+    pick: impl Fn(&Run) -> (u64, u64),
+) -> (f64, Option<f64>, f64) {
+    let runs = median(rounds, |r| {
+        let run = r.of(config);
+        run.per_request(pick(run).0 as f64)
+    });
+    let per_run: Vec<f64> = rounds
+        .iter()
+        .map(|r| pick(r.of(config)))
+        .filter(|&(runs, _)| runs > 0)
+        .map(|(runs, ns)| ns as f64 / runs as f64)
+        .collect();
+    let ns = median(rounds, |r| {
+        let run = r.of(config);
+        run.per_request(pick(run).1 as f64)
+    });
+    (runs, (!per_run.is_empty()).then(|| spread(&per_run).0), ns)
+}
+
+/// `runs/request | ns/run` (and `| ns/request` with `ns`) cells.
+fn cells((runs, per_run, ns): (f64, Option<f64>, f64), with_ns: bool) -> String {
+    let per_run = per_run.map_or("-".to_string(), |v| format!("{v:.0}"));
+    let mut cells = format!("{runs:.2} | {per_run}");
+    if with_ns {
+        let _ = write!(cells, " | {ns:.0}");
+    }
+    cells
+}
+
+/// Hooks as a table cell: tracepoints by name alone.
+fn hooks_cell(group: &BTreeSet<String>) -> String {
+    group
+        .iter()
+        .map(|h| h.strip_prefix("tracepoint:").unwrap_or(h))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Section 2's per-program breakdown for one page: for each group of hooks,
+/// a row per stackprobe program on it (runs per request, ns per run, ns per
+/// request), beside what the floor's and bpftrace's programs on the same
+/// hooks did (on its first row); then each tracer's total, which is section
+/// 2's BPF ns/request. Medians over rounds, cell by cell.
+pub fn breakdown_table(title: &str, rounds: &[Round]) -> String {
+    let mut md = format!(
+        "**{title}**: BPF programs, medians over {} rounds\n\n\
+         | hooks | stackprobe program | runs/request | ns/run | ns/request \
+         | floor runs/request | floor ns/run \
+         | bpftrace runs/request | bpftrace ns/run | bpftrace ns/request |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        rounds.len()
+    );
+    let mut groups: Vec<(f64, f64, String)> = Vec::new();
+    for group in hook_groups(rounds) {
+        let mut names: Vec<&str> = rounds
+            .iter()
+            .flat_map(|r| &r.of(Config::Stackprobe).programs)
+            .filter(|p| p.hooks.first().is_some_and(|h| group.contains(h)))
+            .map(|p| p.name.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let floor = program_medians(rounds, Config::Floor, |r| on_group(r, &group, None));
+        let bpftrace = program_medians(rounds, Config::Bpftrace, |r| on_group(r, &group, None));
+        let stackprobe = program_medians(rounds, Config::Stackprobe, |r| on_group(r, &group, None));
+        // Hooks nothing ran on during the loads (bpftrace's BEGIN) say
+        // nothing.
+        if names.is_empty() && floor.0 == 0.0 && bpftrace.0 == 0.0 {
+            continue;
+        }
+        let mut rows = String::new();
+        let others = format!("{} | {}", cells(floor, false), cells(bpftrace, true));
+        let blank = [""; 5].join(" | ");
+        if names.is_empty() {
+            let _ = writeln!(rows, "| {} | - | | | | {others} |", hooks_cell(&group));
+        }
+        for (i, name) in names.iter().enumerate() {
+            let own = program_medians(rounds, Config::Stackprobe, |r| {
+                on_group(r, &group, Some(name))
+            });
+            let (hooks, others) = if i == 0 {
+                (hooks_cell(&group), others.as_str())
+            } else {
+                (String::new(), blank.as_str())
+            };
+            let _ = writeln!(
+                rows,
+                "| {hooks} | {name} | {} | {others} |",
+                cells(own, true)
+            );
+        }
+        groups.push((stackprobe.2, bpftrace.2, rows));
+    }
+    // Where stackprobe spends most first, then bpftrace.
+    groups.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.total_cmp(&a.1)));
+    for (_, _, rows) in groups {
+        md.push_str(&rows);
+    }
+    let total = |config| {
+        program_medians(rounds, config, |r| {
+            r.programs
+                .iter()
+                .fold((0, 0), |(runs, ns), p| (runs + p.runs, ns + p.ns))
+        })
+    };
+    let _ = writeln!(
+        md,
+        "| **total** | | {} | {} | {} |",
+        cells(total(Config::Stackprobe), true),
+        cells(total(Config::Floor), false),
+        cells(total(Config::Bpftrace), true)
+    );
+    md.push('\n');
+    md
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +466,7 @@ mod tests {
             user_cpu_s,
             drops: 0,
             rss_kib: 15_000,
+            programs: Vec::new(),
         }
     }
 
@@ -428,5 +606,118 @@ mod tests {
         );
         // stackprobe: 47000 runs, 10 ms of BPF and 500 ms of userspace.
         assert_eq!(rows[2], "| Static | stackprobe | 10.0 | 213 | 10851 |");
+    }
+    fn program(name: &str, hooks: &[&str], runs: u64, ns: u64) -> ProgramRun {
+        ProgramRun {
+            name: name.to_string(),
+            hooks: hooks.iter().map(|h| h.to_string()).collect(),
+            runs,
+            ns,
+        }
+    }
+
+    /// A round of 1000 requests per configuration with these programs.
+    fn programs_round(
+        floor: Vec<ProgramRun>,
+        bpftrace: Vec<ProgramRun>,
+        stackprobe: Vec<ProgramRun>,
+    ) -> Round {
+        let mut round = Round::default();
+        for (config, programs) in [
+            (Config::Floor, floor),
+            (Config::Bpftrace, bpftrace),
+            (Config::Stackprobe, stackprobe),
+        ] {
+            round.0[config as usize] = Run {
+                requests: 1000,
+                bpf_runs: programs.iter().map(|p| p.runs).sum(),
+                bpf_ns: programs.iter().map(|p| p.ns).sum(),
+                programs,
+                ..Run::default()
+            };
+        }
+        round
+    }
+
+    #[test]
+    fn the_breakdown_sets_each_stackprobe_program_beside_the_others_on_its_hooks() {
+        const ACCEPT: &str = "tracepoint:sys_enter_accept";
+        const ACCEPT4: &str = "tracepoint:sys_enter_accept4";
+        const STATE: &str = "tracepoint:inet_sock_set_state";
+        let round = |scale: u64| {
+            programs_round(
+                // One empty program per hook.
+                vec![
+                    program("sys_enter_accep", &[ACCEPT], 10, 200),
+                    program("sys_enter_accep", &[ACCEPT4], 1000, 20_000),
+                    program("inet_sock_set_s", &[STATE], 6000, 120_000),
+                ],
+                // One program on both accept tracepoints; its BEGIN, which
+                // did not run; a program on a hook stackprobe leaves alone.
+                vec![
+                    program("tracepoint_sysc", &[ACCEPT, ACCEPT4], 1010, 101_000),
+                    program("BEGIN", &["uprobe:/usr/bin/bpftrace:4096"], 0, 0),
+                    program("inet_sock_set_s", &[STATE], 6000, 1_800_000),
+                    program(
+                        "sched_process_e",
+                        &["tracepoint:sched_process_exit"],
+                        10,
+                        5000,
+                    ),
+                ],
+                vec![
+                    program("accept_enter", &[ACCEPT, ACCEPT4], 1010, 80_800 * scale),
+                    program("tcp_state_btf", &[STATE], 6000, 600_000),
+                    program("tcp_state_btf_n", &[STATE], 6000, 300_000),
+                    program("sock_walk", &["iter:tcp"], 1, 2_000_000),
+                ],
+            )
+        };
+        let md = breakdown_table("static, 8 connections", &[round(1), round(2), round(3)]);
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
+        assert!(md.starts_with("**static, 8 connections**: BPF programs, medians over 3 rounds"));
+        assert_eq!(rows.len(), 1 + 5 + 1, "{md}");
+        // Largest stackprobe ns/request first; the iterator alone.
+        assert_eq!(
+            rows[1],
+            "| iter:tcp | sock_walk | 0.00 | 2000000 | 2000 | 0.00 | - | 0.00 | - | 0 |"
+        );
+        // Both programs on the state tracepoint, bpftrace's and the floor's
+        // numbers on the first.
+        assert_eq!(
+            rows[2],
+            "| inet_sock_set_state | tcp_state_btf | 6.00 | 100 | 600 | 6.00 | 20 | 6.00 | 300 | 1800 |"
+        );
+        assert_eq!(
+            rows[3],
+            "|  | tcp_state_btf_n | 6.00 | 50 | 300 |  |  |  |  |  |"
+        );
+        // The floor's two accept programs and bpftrace's one, as one group;
+        // stackprobe's ns/run 80, 160, 240: medians.
+        assert_eq!(
+            rows[4],
+            "| sys_enter_accept, sys_enter_accept4 | accept_enter | 1.01 | 160 | 162 | 1.01 | 20 | 1.01 | 100 | 101 |"
+        );
+        // What bpftrace ran on hooks stackprobe leaves alone; not its BEGIN.
+        assert_eq!(
+            rows[5],
+            "| sched_process_exit | - | | | | 0.00 | - | 0.01 | 500 | 5 |"
+        );
+        // Each tracer's total is its BPF ns/request of section 2.
+        let total = round(2);
+        assert_eq!(
+            rows[6],
+            format!(
+                "| **total** | | 13.01 | {:.0} | {:.0} | 7.01 | 20 | 7.02 | 272 | 1906 |",
+                total
+                    .of(Config::Stackprobe)
+                    .per_run(total.of(Config::Stackprobe).bpf_ns as f64),
+                total.of(Config::Stackprobe).bpf_ns_per_request()
+            )
+        );
+        assert_eq!(
+            rows[6],
+            "| **total** | | 13.01 | 235 | 3062 | 7.01 | 20 | 7.02 | 272 | 1906 |"
+        );
     }
 }

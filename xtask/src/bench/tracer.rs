@@ -3,7 +3,7 @@
 //! runs, stopped with SIGINT as a user would.
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
     io::{BufRead as _, BufReader},
     process::{Child, Command, ExitStatus, Stdio},
@@ -12,8 +12,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use serde_json::Value;
+
+use super::server_report::ProgramRun;
 
 pub struct Tracer {
     child: Child,
@@ -274,28 +276,163 @@ pub fn program_ids() -> Result<HashSet<u64>> {
     Ok(programs()?.into_iter().map(|p| p.0).collect())
 }
 
-/// What programs not in `before` have run so far.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ProgramRuns {
-    pub runs: u64,
-    pub ns: u64,
-    /// Run time of the socket iterator, which runs inside the tracer's own
-    /// read() and so is in the tracer's system time too.
-    pub in_tracer_ns: u64,
-}
-
-pub fn new_program_runs(before: &HashSet<u64>) -> Result<ProgramRuns> {
+/// What each program not in `before` has run so far: id → (name, runs,
+/// run time ns).
+pub fn new_programs(before: &HashSet<u64>) -> Result<BTreeMap<u64, (String, u64, u64)>> {
     Ok(programs()?
         .into_iter()
         .filter(|p| !before.contains(&p.0))
-        .fold(ProgramRuns::default(), |mut r, p| {
-            r.runs += p.2;
-            r.ns += p.3;
-            if p.1 == probes_common::sock::ITER_PROGRAM {
-                r.in_tracer_ns += p.3;
+        .map(|(id, name, runs, ns)| (id, (name, runs, ns)))
+        .collect())
+}
+
+/// The hook of a program attached nowhere while it was listed: stackprobe's
+/// socket iterator, linked only while it walks, is an iterator of TCP
+/// sockets; anything else is `unknown`.
+fn unattached(name: &str) -> Vec<String> {
+    vec![
+        if name == probes_common::sock::ITER_PROGRAM {
+            "iter:tcp"
+        } else {
+            "unknown"
+        }
+        .to_string(),
+    ]
+}
+
+/// What each program ran between two readings of [`new_programs`], with
+/// its hooks from `hooks` (see [`unattached`] if absent there).
+pub fn program_runs(
+    before: &BTreeMap<u64, (String, u64, u64)>,
+    after: &BTreeMap<u64, (String, u64, u64)>,
+    hooks: &HashMap<u64, BTreeSet<String>>,
+) -> Vec<ProgramRun> {
+    after
+        .iter()
+        .map(|(id, (name, runs, ns))| {
+            let (runs_then, ns_then) = before.get(id).map_or((0, 0), |p| (p.1, p.2));
+            ProgramRun {
+                name: name.clone(),
+                hooks: hooks
+                    .get(id)
+                    .map_or_else(|| unattached(name), |h| h.iter().cloned().collect()),
+                runs: runs - runs_then,
+                ns: ns - ns_then,
             }
-            r
-        }))
+        })
+        .collect()
+}
+
+fn bpftool_json(args: &[&str]) -> Result<Value> {
+    let out = Command::new("bpftool")
+        .args(args)
+        .arg("--json")
+        .output()
+        .context("running bpftool")?;
+    ensure!(
+        out.status.success(),
+        "bpftool {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The hooks of the programs attached now, by program id, as the kernel
+/// describes them: `bpftool perf show` for perf events (bpftrace's classic
+/// tracepoints and kprobes) and raw and BTF tracepoint links, which it
+/// names by their tracepoint; the /proc fdinfo of `pid`'s BPF links for the
+/// rest (perf-event links, which bpftool 7.1's `link show` lists without
+/// their hook). Every tracepoint kind is `tracepoint:NAME` (see
+/// [`ProgramRun::hooks`]); a program attached nowhere now (stackprobe's
+/// socket iterator, linked only while it walks) is absent.
+pub fn program_hooks(pid: Option<u32>) -> Result<HashMap<u64, BTreeSet<String>>> {
+    let mut hooks: HashMap<u64, BTreeSet<String>> = HashMap::new();
+    let perf = bpftool_json(&["perf", "show"])?;
+    for attachment in perf.as_array().into_iter().flatten() {
+        if let (Some(id), Some(hook)) = (attachment["prog_id"].as_u64(), perf_hook(attachment)) {
+            hooks.entry(id).or_default().insert(hook);
+        }
+    }
+    for fdinfo in pid.map(links_of).transpose()?.into_iter().flatten() {
+        let id = fdinfo_field(&fdinfo, "prog_id").and_then(|v| v.parse().ok());
+        if let (Some(id), Some(hook)) = (id, fdinfo_hook(&fdinfo)) {
+            hooks.entry(id).or_default().insert(hook);
+        }
+    }
+    Ok(hooks)
+}
+
+/// One entry of `bpftool perf show --json` as a hook.
+fn perf_hook(a: &Value) -> Option<String> {
+    let kind = a["fd_type"].as_str()?;
+    Some(match kind {
+        "tracepoint" | "raw_tracepoint" => format!("tracepoint:{}", a["tracepoint"].as_str()?),
+        "kprobe" | "kretprobe" => format!("{kind}:{}", a["func"].as_str()?),
+        "uprobe" | "uretprobe" => format!(
+            "{kind}:{}:{}",
+            a["filename"].as_str()?,
+            a["offset"].as_u64()?
+        ),
+        _ => return None,
+    })
+}
+
+/// The /proc fdinfo of every BPF link `pid` holds.
+fn links_of(pid: u32) -> Result<Vec<String>> {
+    let mut links = Vec::new();
+    for fd in fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let fd = fd?;
+        if fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == "anon_inode:bpf_link") {
+            // A link closed since the listing is no longer this tracer's.
+            if let Ok(info) = fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            )) {
+                links.push(info);
+            }
+        }
+    }
+    Ok(links)
+}
+
+fn fdinfo_field<'a>(fdinfo: &'a str, name: &str) -> Option<&'a str> {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// The hook of a perf-event BPF link from its /proc fdinfo, in the form of
+/// the floor's `link_view`. Recent kernels name the hook there; with one that does not,
+/// the floor's `discover` finds no hook and fails.
+pub fn perf_link_hook(fdinfo: &str) -> Option<String> {
+    let field = |name: &str| {
+        fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    if field("link_type")? != "perf" {
+        return None;
+    }
+    match field("event_type")? {
+        "tracepoint" => Some(format!("tracepoint:{}", field("tp_name")?)),
+        kind @ ("kprobe" | "kretprobe") => Some(format!("{kind}:{}", field("name")?)),
+        _ => None,
+    }
+}
+
+/// A BPF link's hook from its fdinfo: perf-event links as the floor reads
+/// them, raw and BTF tracepoints by their tracepoint, iterators by their
+/// target. Trampolines (fentry, fexit) name only a BTF id there, and are
+/// left out.
+fn fdinfo_hook(fdinfo: &str) -> Option<String> {
+    match fdinfo_field(fdinfo, "link_type")? {
+        "perf" => perf_link_hook(fdinfo),
+        "raw_tracepoint" => Some(format!("tracepoint:{}", fdinfo_field(fdinfo, "tp_name")?)),
+        "iter" => Some(format!("iter:{}", fdinfo_field(fdinfo, "target_name")?)),
+        _ => None,
+    }
 }
 
 /// Kernel memory of every BPF map now (bytes_memlock, as bpftool reports it).
