@@ -9,7 +9,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use probes_common::watch::WatchReason;
+use aya::maps::PerCpuValues;
+use probes_common::{
+    hist::{HISTS_MAP, HISTS_SPARE_MAP, HistKey, HistMetric, HistValue},
+    watch::WatchReason,
+};
 use stackprobe_model::{probe_stats::Drops, selector::Selector};
 use stackprobe_probes::Options;
 use support::*;
@@ -380,4 +384,100 @@ fn more_accepts_than_the_ring_buffer_holds_are_all_counted_and_none_crosses_it()
     assert_eq!(s.collect(), 0);
     assert_eq!(s.accepts(server.pid), n);
     server.stop();
+}
+
+/// The ids of the kernel maps named `name` loaded now.
+fn map_ids(name: &str) -> Vec<u32> {
+    aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .filter(|m| m.name_as_str() == Some(name))
+        .map(|m| m.id())
+        .collect()
+}
+
+type Hists = aya::maps::PerCpuHashMap<aya::maps::MapData, HistKey, HistValue>;
+
+fn hists(id: u32) -> Hists {
+    let data = aya::maps::MapData::from_id(id).unwrap();
+    Hists::try_from(aya::maps::Map::PerCpuHashMap(data)).unwrap()
+}
+
+/// Samples the histograms of `tgid`'s `metric` in `map` hold, on every CPU.
+fn held(map: &Hists, tgid: u32, metric: HistMetric) -> u64 {
+    map.iter()
+        .filter_map(Result::ok)
+        .filter(|(k, _)| k.tgid == tgid && k.metric == metric as u32)
+        .map(|(_, v)| v.iter().map(|h| h.count).sum::<u64>())
+        .sum()
+}
+
+/// A histogram the kernel had to keep in the spare map (its first map's
+/// allocator was empty when the key appeared) is moved to the first map by
+/// userspace, and its old entry read a last time and removed: no sample is
+/// lost or counted twice on the way.
+#[test]
+fn histograms_in_the_spare_map_move_to_the_first_without_losing_a_sample() {
+    let _lock = probe_lock();
+    let mut watched = Server::start(None);
+    let spare_before = map_ids(HISTS_SPARE_MAP);
+    let first_before = map_ids(HISTS_MAP);
+    let mut s = Session::start();
+    let new_map = |name: &str, before: &[u32]| {
+        let id = map_ids(name).into_iter().find(|id| !before.contains(id));
+        hists(id.expect("the session's map"))
+    };
+    let mut spare = new_map(HISTS_SPARE_MAP, &spare_before);
+    let first = new_map(HISTS_MAP, &first_before);
+    // As the kernel does when the first map cannot allocate: the key, made
+    // in the spare map (for every listener fd the server may have).
+    let cpus = aya::util::nr_cpus().unwrap();
+    for path in 0..=48 {
+        let key = HistKey {
+            tgid: watched.pid,
+            metric: HistMetric::Accept as u32,
+            path,
+        };
+        let zero = PerCpuValues::try_from(vec![HistValue::ZERO; cpus]).unwrap();
+        spare.insert(key, zero, 0).unwrap();
+    }
+    s.collector.probes_mut().watch_pid(watched.pid).unwrap();
+
+    watched.accept_queued(25, false, "accept4");
+    assert_eq!(
+        held(&spare, watched.pid, HistMetric::Accept),
+        25,
+        "the kernel must have used the spare map"
+    );
+    s.collect();
+    assert_eq!(s.accepts(watched.pid), 25);
+
+    // Moved over the next intervals (an insert may find the kernel's cache
+    // of values empty, and waits for the next), then read a last time and
+    // removed; nothing recorded meanwhile.
+    let in_spare = |spare: &Hists| {
+        spare
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == watched.pid)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_spare(&spare) > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(120));
+        s.collect();
+    }
+    assert_eq!(in_spare(&spare), 0, "the spare entries must have gone");
+    assert_eq!(s.accepts(watched.pid), 25);
+
+    // The kernel records in the first map now.
+    watched.accept_queued(15, false, "accept");
+    assert_eq!(held(&first, watched.pid, HistMetric::Accept), 15);
+    s.collect();
+    assert_eq!(s.accepts(watched.pid), 40);
+
+    watched.accept_queued(10, false, "accept4");
+    s.collect();
+    assert_eq!(s.accepts(watched.pid), 50);
+    assert_eq!(s.collector.probes().drops().unwrap(), Drops::default());
+    watched.stop();
 }

@@ -2,12 +2,15 @@
 //! probes-ebpf/src/hist.rs): each read turns what every (process, metric)
 //! histogram gained since the last read into a model event.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
-    maps::{MapData, PerCpuHashMap},
+    maps::{MapData, MapError, PerCpuHashMap, PerCpuValues},
 };
 use probes_common::{
     connect::DESTINATIONS_MAX_ENTRIES,
@@ -25,6 +28,17 @@ use stackprobe_model::{
 /// preallocated second takes those the first could not allocate at once.
 const MAPS: [&str; 2] = [HISTS_MAP, HISTS_SPARE_MAP];
 
+/// The spare map's index in [`MAPS`].
+const SPARE: usize = 1;
+
+/// How long a key moved out of the spare map keeps its old entry there
+/// before the last read: longer than any program run that looked the key up
+/// in the spare map before the move, and may still be adding to it.
+const SPARE_RETIRE_AFTER: Duration = Duration::from_millis(100);
+
+/// bpf(2)'s update flag: only if the key has no entry yet.
+const BPF_NOEXIST: u64 = 1;
+
 /// What has been read so far, per map and histogram.
 #[derive(Clone, Debug, Default)]
 pub struct KernelHists {
@@ -34,6 +48,12 @@ pub struct KernelHists {
     listeners: HashMap<(u32, u64), Option<String>>,
     /// Connect destinations named so far, by id.
     destinations: HashMap<u64, String>,
+    /// Keys of the spare map given an entry of their own in the first map,
+    /// and when: the kernel looks in the first map first, so it records
+    /// there from then on, and their spare entries are read a last time
+    /// and removed. A key in the spare map costs each of its samples a
+    /// failed lookup in the first map and a second lookup.
+    moved: HashMap<HistKey, Instant>,
     scratch: batch::Scratch,
 }
 
@@ -59,6 +79,8 @@ impl KernelHists {
             let mut hists: PerCpuHashMap<&mut MapData, HistKey, HistValue> =
                 PerCpuHashMap::try_from(map)?;
             let mut gone = Vec::new();
+            let mut retired = Vec::new();
+            let mut stay = Vec::new();
             batch::for_each(&hists, &mut scratch, |key, values| {
                 let live = live(key.tgid);
                 if !live
@@ -70,6 +92,16 @@ impl KernelHists {
                     gone.push(key);
                     return;
                 }
+                if index == SPARE {
+                    match self.moved.get(&key) {
+                        Some(at) if at.elapsed() >= SPARE_RETIRE_AFTER => {
+                            retired.push(key);
+                            return;
+                        }
+                        Some(_) => {}
+                        None => stay.push(key),
+                    }
+                }
                 let comm = || {
                     (!live)
                         .then(|| procfs::read(key.tgid).map(|p| p.comm))
@@ -80,16 +112,25 @@ impl KernelHists {
                 }
             })
             .with_context(|| format!("reading the {name} map"))?;
-            for key in gone {
-                // Final: the process had exited before this read, and adds
-                // nothing more; so its entry can go.
-                let Ok(values) = hists.get(&key, 0) else {
+            for key in gone.iter().chain(&retired) {
+                // Final: the process had exited before this read, or the
+                // kernel records the key in the first map now; so its entry
+                // can go.
+                self.moved.remove(key);
+                let Ok(values) = hists.get(key, 0) else {
                     continue;
                 };
-                let _ = hists.remove(&key);
-                if let Some(d) = self.reads.read_in(index, key, values.iter(), true, || None) {
-                    gained.push((key, true, d));
+                let _ = hists.remove(key);
+                let process_gone = !retired.contains(key);
+                if let Some(d) = self
+                    .reads
+                    .read_in(index, *key, values.iter(), true, || None)
+                {
+                    gained.push((*key, process_gone, d));
                 }
+            }
+            if !stay.is_empty() {
+                self.move_out_of_spare(ebpf, &stay);
             }
         }
         self.scratch = scratch;
@@ -108,6 +149,41 @@ impl KernelHists {
         self.listeners
             .retain(|(tgid, _), _| !exited.get(tgid).is_some_and(|&gone| gone));
         Ok(())
+    }
+
+    /// Gives each of `keys`, in the spare map, a zeroed entry in the first
+    /// map. An insert from userspace draws on the same per-CPU cache of
+    /// values as the kernel's, refilled a moment later: the first that finds
+    /// it empty (ENOMEM) ends this interval's moves, and the rest wait for
+    /// the next. A key the first map has no room for stays where it is.
+    fn move_out_of_spare(&mut self, ebpf: &mut Ebpf, keys: &[HistKey]) {
+        let Ok(cpus) = aya::util::nr_cpus() else {
+            return;
+        };
+        let Some(map) = ebpf.map_mut(HISTS_MAP) else {
+            return;
+        };
+        let Ok(mut hists) = PerCpuHashMap::<&mut MapData, HistKey, HistValue>::try_from(map) else {
+            return;
+        };
+        for key in keys {
+            let Ok(zero) = PerCpuValues::try_from(vec![HistValue::ZERO; cpus]) else {
+                return;
+            };
+            // BPF_NOEXIST: should the kernel have made the entry meanwhile,
+            // it is kept, and the key counts as moved all the same.
+            match hists.insert(key, zero, BPF_NOEXIST) {
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOMEM) =>
+                {
+                    return;
+                }
+                Err(_) if hists.get(key, 0).is_err() => {}
+                _ => {
+                    self.moved.insert(*key, Instant::now());
+                }
+            }
+        }
     }
 
     /// The name of the listener `key` counts accepts from, asked of the
