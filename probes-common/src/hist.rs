@@ -18,7 +18,9 @@ pub const HISTS_MAP: &str = "HISTS";
 pub const HIST_ENTRIES: u32 = 4096;
 /// Preallocated per-CPU hash with the same keys and values, for the keys
 /// HISTS could not allocate at once (its allocator keeps few values ready);
-/// userspace reads both alike. 64 × 9 KB per CPU.
+/// userspace reads both alike, and gives each key found here an entry in
+/// HISTS, where the kernel looks first, within an interval or a few.
+/// 64 × 9 KB per CPU.
 pub const HISTS_SPARE_MAP: &str = "HISTS_SPARE";
 pub const HIST_SPARE_ENTRIES: u32 = 64;
 
