@@ -11,6 +11,7 @@ mod busy;
 pub mod cgroups;
 pub mod containers;
 mod cost;
+mod fds;
 mod host;
 mod sockets;
 mod unix_sockets;

@@ -7,7 +7,8 @@
 //!
 //! Owners are cached by inode: /proc/PID/fd is read only for a listening
 //! socket not seen before (every watched process), or, for one no watched
-//! process held, for processes new to the watch set.
+//! process held, for processes new to the watch set that are no copy of a
+//! parent read before (fds.rs).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -16,6 +17,7 @@ use std::{
 
 use anyhow::Result;
 
+use super::{busy::probes_clock_ns, fds};
 use stackprobe_model::{
     process::ProcessTable,
     tcp::{
@@ -117,8 +119,8 @@ pub struct Sockets {
     /// probe then moves them to whoever really accepts.
     seed_of: HashMap<u64, u32>,
     /// Watched pids whose fds were read for the inodes that are still
-    /// unowned.
-    scanned: HashSet<u32>,
+    /// unowned (or copied from a parent's), and when.
+    scanned: fds::Known,
     /// What the kernel was told: port (in its namespace) → owner.
     told: HashMap<(Netns, u16), u32>,
     /// Watched pid → the network namespace it lives in (read once).
@@ -247,7 +249,14 @@ impl Sockets {
         let mut pids: Vec<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
         pids.sort_unstable();
         let parent_of = |pid: u32| table.get(pid).and_then(|p| p.parent.as_ref()).map(|p| p.0);
-        self.find_owners(&listening, &pids, procfs::socket_inodes, parent_of);
+        self.find_owners(
+            &listening,
+            &pids,
+            procfs::socket_inodes,
+            parent_of,
+            |pid| fds::forked(table, pid),
+            probes_clock_ns,
+        );
         let mut owners: HashMap<(Netns, u16), u32> = HashMap::new();
         let mut seeds: HashMap<(Netns, u16), u32> = HashMap::new();
         for (ino, owner) in &self.owner_of {
@@ -274,13 +283,16 @@ impl Sockets {
 
     /// Brings `owner_of` up to date for the listening sockets now, reading
     /// as few processes' fds as that needs; `pids` are the watched
-    /// processes, lowest first.
+    /// processes, lowest first; `forked`, a process's parent and fork time
+    /// if it was forked while watched; `clock`, the probes' clock.
     fn find_owners<V>(
         &mut self,
         listening: &HashMap<u64, V>,
         pids: &[u32],
         socket_inodes: impl Fn(u32) -> Vec<u64>,
         parent_of: impl Fn(u32) -> Option<u32>,
+        forked: impl Fn(u32) -> Option<(u32, u64)>,
+        clock: impl Fn() -> u64,
     ) {
         let watched: HashSet<u32> = pids.iter().copied().collect();
         // Closed sockets go; a socket whose owner left is looked for again.
@@ -304,7 +316,7 @@ impl Sockets {
             let new: Vec<u32> = pids
                 .iter()
                 .copied()
-                .filter(|pid| !self.scanned.contains(pid))
+                .filter(|pid| !self.scanned.contains_key(pid))
                 .collect();
             (unowned, new)
         };
@@ -312,8 +324,17 @@ impl Sockets {
             self.owner_of.insert(ino, None);
         }
         let mut holders: HashMap<u64, Vec<u32>> = HashMap::new();
+        let mut copied = fds::Known::new();
         if !wanted.is_empty() {
             for pid in readers {
+                // A copy of a parent read before holds no listener it did
+                // not, so none of the unowned.
+                if unseen.is_empty()
+                    && let Some(at) = fds::inherited(pid, forked(pid), &self.scanned)
+                {
+                    copied.insert(pid, at);
+                    continue;
+                }
                 for ino in socket_inodes(pid) {
                     if wanted.contains(&ino)
                         && let Some(owner) = self.owner_of.get_mut(&ino)
@@ -340,7 +361,22 @@ impl Sockets {
         let owner_of = &self.owner_of;
         self.seed_of
             .retain(|ino, pid| owner_of.contains_key(ino) && watched.contains(pid));
-        self.scanned = watched;
+        // Known now: every pid read, and those whose read would have
+        // looked for nothing (no listener was unowned); the others since
+        // their last read, or their fork.
+        let read_at = clock();
+        let scanned = std::mem::take(&mut self.scanned);
+        self.scanned = pids
+            .iter()
+            .map(|&pid| {
+                let at = match copied.get(&pid) {
+                    Some(&at) => at,
+                    None if !unseen.is_empty() => read_at,
+                    None => scanned.get(&pid).copied().unwrap_or(read_at),
+                };
+                (pid, at)
+            })
+            .collect();
     }
 }
 
@@ -381,6 +417,14 @@ mod tests {
         None
     }
 
+    fn not_forked(_: u32) -> Option<(u32, u64)> {
+        None
+    }
+
+    fn clock() -> u64 {
+        1_000_000_000
+    }
+
     #[test]
     fn a_worker_holding_its_masters_socket_is_told_to_the_kernel_first() {
         let mut s = Sockets::default();
@@ -394,6 +438,8 @@ mod tests {
             &[10, 11, 12, 20, 21],
             |p| fds.inodes(p),
             |p| parents.get(&p).copied(),
+            not_forked,
+            clock,
         );
         assert_eq!(s.owner_of[&100], Some(10), "the master holds it");
         assert_eq!(s.seed_of.get(&100), Some(&11), "a worker accepts there");
@@ -405,6 +451,8 @@ mod tests {
             &[10, 12, 20, 21],
             |p| fds.inodes(p),
             |p| parents.get(&p).copied(),
+            not_forked,
+            clock,
         );
         assert_eq!(s.seed_of.get(&100), None);
     }
@@ -415,7 +463,14 @@ mod tests {
         // A master (10) and a worker (11) share listener 100; 12 holds nothing.
         let fds = Fds::new(&[(10, &[100]), (11, &[100]), (12, &[7])]);
         let listening = HashMap::from([(100, 80), (200, 22)]);
-        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p), no_parent);
+        s.find_owners(
+            &listening,
+            &[10, 11, 12],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
         assert_eq!(
             fds.taken(),
             vec![10, 11, 12],
@@ -431,17 +486,38 @@ mod tests {
             "no watched process holds sshd's socket"
         );
 
-        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p), no_parent);
+        s.find_owners(
+            &listening,
+            &[10, 11, 12],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
         assert!(fds.taken().is_empty(), "nothing changed: no fd read");
 
         // A new watched process: only it is read, for the unowned socket.
         let fds = Fds::new(&[(10, &[100]), (11, &[100]), (13, &[200])]);
-        s.find_owners(&listening, &[10, 11, 12, 13], |p| fds.inodes(p), no_parent);
+        s.find_owners(
+            &listening,
+            &[10, 11, 12, 13],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
         assert_eq!(fds.taken(), vec![13]);
         assert_eq!(s.owner_of[&200], Some(13));
 
         // The master leaves: its socket is looked for again among all.
-        s.find_owners(&listening, &[11, 12, 13], |p| fds.inodes(p), no_parent);
+        s.find_owners(
+            &listening,
+            &[11, 12, 13],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
         assert_eq!(fds.taken(), vec![11, 12, 13]);
         assert_eq!(s.owner_of[&100], Some(11));
 
@@ -451,6 +527,8 @@ mod tests {
             &[11, 12, 13],
             |p| fds.inodes(p),
             no_parent,
+            not_forked,
+            clock,
         );
         assert!(!s.owner_of.contains_key(&100));
     }
