@@ -304,6 +304,10 @@ impl ProcessTable {
             retired.add(&proc.activity, Span::Whole);
             retired.counts[Count::Exited].bump();
             if self.spare.len() < SPARE_ROWS {
+                // Emptied now: a histogram it shares with its role's sum
+                // would be copied at the role's next sample.
+                let mut proc = proc;
+                *proc = Process::new(0, String::new());
                 self.spare.push(proc);
             }
         }
