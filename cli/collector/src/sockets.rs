@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{busy::probes_clock_ns, fds};
+use super::{busy::probes_clock_ns, fds, proc_file::ProcFile};
 use stackprobe_model::{
     process::ProcessTable,
     tcp::{
@@ -108,6 +108,44 @@ impl Walks {
     }
 }
 
+/// The /proc files each look reads.
+struct Files {
+    netstat: ProcFile,
+    port_range: ProcFile,
+}
+
+impl Default for Files {
+    fn default() -> Self {
+        Self {
+            netstat: ProcFile::new("/proc/net/netstat"),
+            port_range: ProcFile::new("/proc/sys/net/ipv4/ip_local_port_range"),
+        }
+    }
+}
+
+impl Files {
+    /// The TcpExt counters of /proc/net/netstat named in `names` (as
+    /// `procfs::tcp_ext_counters`), None where absent.
+    fn tcp_ext_counters<const N: usize>(&mut self, names: [&str; N]) -> [Option<u64>; N] {
+        let mut out = [None; N];
+        if let Some(text) = self.netstat.read() {
+            for (name, value) in procfs::net_section(text, "TcpExt:") {
+                if let Some(i) = names.iter().position(|n| *n == name) {
+                    out[i] = value.parse().ok();
+                }
+            }
+        }
+        out
+    }
+
+    /// `net.ipv4.ip_local_port_range` (as `procfs::local_port_range`).
+    fn local_port_range(&mut self) -> Option<(u16, u16)> {
+        let text = self.port_range.read()?;
+        let mut it = text.split_whitespace().map(|v| v.parse::<u16>());
+        Some((it.next()?.ok()?, it.next()?.ok()?))
+    }
+}
+
 #[derive(Default)]
 pub struct Sockets {
     /// Listening socket inode → the watched process holding it (the lowest
@@ -126,6 +164,7 @@ pub struct Sockets {
     /// Watched pid → the network namespace it lives in (read once).
     netns_of: HashMap<u32, Option<u32>>,
     walks: Walks,
+    files: Files,
 }
 
 impl Sockets {
@@ -189,9 +228,10 @@ impl Sockets {
             .into_iter()
             .filter_map(|pid| Some((pid, table.get(pid)?.role())))
             .collect();
-        let [listen_overflows, listen_drops, time_wait_overflows] =
-            procfs::tcp_ext_counters(["ListenOverflows", "ListenDrops", "TCPTimeWaitOverflow"])
-                .map(|c| c.unwrap_or(0));
+        let [listen_overflows, listen_drops, time_wait_overflows] = self
+            .files
+            .tcp_ext_counters(["ListenOverflows", "ListenDrops", "TCPTimeWaitOverflow"])
+            .map(|c| c.unwrap_or(0));
         Ok(SocketSnapshot {
             links,
             walk,
@@ -201,7 +241,9 @@ impl Sockets {
                 listen_drops,
                 time_wait_overflows,
             },
-            ephemeral_ports: procfs::local_port_range()
+            ephemeral_ports: self
+                .files
+                .local_port_range()
                 .map(|(lo, hi)| u32::from(hi.saturating_sub(lo)) + 1),
             took_us: started.elapsed().as_micros() as u64,
             walk_age: self.walks.age(Instant::now()),
@@ -531,6 +573,30 @@ mod tests {
             clock,
         );
         assert!(!s.owner_of.contains_key(&100));
+    }
+
+    #[test]
+    fn the_files_read_as_procfs_reads_them() {
+        let mut files = Files::default();
+        assert_eq!(files.local_port_range(), procfs::local_port_range());
+        assert_eq!(files.local_port_range(), procfs::local_port_range());
+        // Cumulative counters: between a read before and one after.
+        let names = [
+            "ListenOverflows",
+            "ListenDrops",
+            "TCPTimeWaitOverflow",
+            "NoSuch",
+        ];
+        for _ in 0..2 {
+            let before = procfs::tcp_ext_counters(names);
+            let ours = files.tcp_ext_counters(names);
+            let after = procfs::tcp_ext_counters(names);
+            for i in 0..names.len() {
+                assert_eq!(ours[i].is_some(), before[i].is_some(), "{}", names[i]);
+                assert!(before[i] <= ours[i] && ours[i] <= after[i], "{}", names[i]);
+            }
+        }
+        assert!(files.tcp_ext_counters(names)[0].is_some());
     }
 
     #[test]
