@@ -600,6 +600,67 @@ mod tests {
     }
 
     #[test]
+    fn a_child_forked_after_its_parents_read_is_not_read() {
+        let mut s = Sockets::default();
+        // Postmaster 20 holds 300; sshd's 22 (200) is no watched
+        // process's, so each new process is read for it.
+        let fds = Fds::new(&[(20, &[300]), (21, &[300]), (5, &[300])]);
+        let listening = HashMap::from([(300, 5432), (200, 22)]);
+        let clock = || 1_000_000_000;
+        s.find_owners(
+            &listening,
+            &[20],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
+        assert_eq!(fds.taken(), vec![20]);
+        // Forked by 20 after its read: a copy of its fds. Forked by 20 as
+        // it was read, or with a pid below its parent's: read.
+        let after = 2_000_000_000;
+        let forks = HashMap::from([
+            (21, (20, after)),
+            (22, (20, 1_000_000_000)),
+            (5, (20, after)),
+        ]);
+        let forked = |p: u32| forks.get(&p).copied();
+        s.find_owners(
+            &listening,
+            &[5, 20, 21, 22],
+            |p| fds.inodes(p),
+            no_parent,
+            forked,
+            clock,
+        );
+        assert_eq!(fds.taken(), vec![5, 22]);
+        assert_eq!((s.owner_of[&300], s.owner_of[&200]), (Some(20), None));
+        assert_eq!(s.scanned[&21], after, "known since its fork");
+        // Its own child is a copy of a copy.
+        let forks = HashMap::from([(23, (21, after + 1_000_000_000))]);
+        s.find_owners(
+            &listening,
+            &[5, 20, 21, 22, 23],
+            |p| fds.inodes(p),
+            no_parent,
+            |p| forks.get(&p).copied(),
+            clock,
+        );
+        assert!(fds.taken().is_empty());
+        // A new listener: every process is read, copies too.
+        let listening = HashMap::from([(300, 5432), (200, 22), (400, 80)]);
+        s.find_owners(
+            &listening,
+            &[5, 20, 21, 22, 23],
+            |p| fds.inodes(p),
+            no_parent,
+            |p| forks.get(&p).copied(),
+            clock,
+        );
+        assert_eq!(fds.taken(), vec![5, 20, 21, 22, 23]);
+    }
+
+    #[test]
     fn costly_walks_run_less_often_but_a_forced_walk_always_runs() {
         let t0 = Instant::now();
         let mut w = Walks::default();
