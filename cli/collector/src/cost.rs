@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::proc_file::ProcFile;
 use stackprobe_model::frame::OwnCost;
 use stackprobe_probes::Probes;
 
@@ -11,6 +12,7 @@ pub struct Meter {
     runs_and_ns: Option<(u64, u64)>,
     /// CPU time used, and when, at the last sample.
     cpu: (Duration, Instant),
+    statm: ProcFile,
 }
 
 impl Meter {
@@ -18,6 +20,7 @@ impl Meter {
         Self {
             runs_and_ns: measured.then(|| totals(probes)).flatten(),
             cpu: (cpu_time(), Instant::now()),
+            statm: ProcFile::new("/proc/self/statm"),
         }
     }
 
@@ -27,7 +30,7 @@ impl Meter {
             ns_per_run: self.ns_per_run(probes),
             cpu_percent: self.cpu_percent(),
             cpu_seconds: self.cpu.0.as_secs_f64(),
-            resident_bytes: resident_bytes().unwrap_or(0),
+            resident_bytes: resident_bytes(&mut self.statm).unwrap_or(0),
         }
     }
 
@@ -57,8 +60,8 @@ fn totals(probes: &Probes) -> Option<(u64, u64)> {
 }
 
 /// Resident memory from /proc/self/statm (its second field, in pages).
-fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+fn resident_bytes(statm: &mut ProcFile) -> Option<u64> {
+    let statm = statm.read()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };

@@ -11,7 +11,9 @@ mod busy;
 pub mod cgroups;
 pub mod containers;
 mod cost;
+mod fds;
 mod host;
+mod proc_file;
 mod sockets;
 mod unix_sockets;
 mod watch_set;
@@ -48,6 +50,7 @@ pub struct Collector {
     /// look at the sockets: what a walk could see anew.
     stirred: bool,
     cost: cost::Meter,
+    host: host::Host,
     probe_cost: bool,
     start: Instant,
     last_tick: Instant,
@@ -90,6 +93,7 @@ impl Collector {
         let now = Instant::now();
         let mut collector = Self {
             cost: cost::Meter::new(&probes, options.probe_cost),
+            host: host::Host::default(),
             probes,
             events,
             table: ProcessTable::default(),
@@ -197,7 +201,7 @@ impl Collector {
             report.probe_cost = self.probes.costs()?;
         }
         report.rungs = self.probes.rungs_in_use();
-        report.host = host::read();
+        report.host = self.host.read();
         self.unix_backlogs(&mut report)?;
         self.busy
             .fill(&mut self.probes, &self.table, now_ns, &mut report)?;

@@ -7,7 +7,8 @@
 //!
 //! Owners are cached by inode: /proc/PID/fd is read only for a listening
 //! socket not seen before (every watched process), or, for one no watched
-//! process held, for processes new to the watch set.
+//! process held, for processes new to the watch set that are no copy of a
+//! parent read before (fds.rs).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -16,6 +17,7 @@ use std::{
 
 use anyhow::Result;
 
+use super::{busy::probes_clock_ns, fds, proc_file::ProcFile};
 use stackprobe_model::{
     process::ProcessTable,
     tcp::{
@@ -106,6 +108,44 @@ impl Walks {
     }
 }
 
+/// The /proc files each look reads.
+struct Files {
+    netstat: ProcFile,
+    port_range: ProcFile,
+}
+
+impl Default for Files {
+    fn default() -> Self {
+        Self {
+            netstat: ProcFile::new("/proc/net/netstat"),
+            port_range: ProcFile::new("/proc/sys/net/ipv4/ip_local_port_range"),
+        }
+    }
+}
+
+impl Files {
+    /// The TcpExt counters of /proc/net/netstat named in `names` (as
+    /// `procfs::tcp_ext_counters`), None where absent.
+    fn tcp_ext_counters<const N: usize>(&mut self, names: [&str; N]) -> [Option<u64>; N] {
+        let mut out = [None; N];
+        if let Some(text) = self.netstat.read() {
+            for (name, value) in procfs::net_section(text, "TcpExt:") {
+                if let Some(i) = names.iter().position(|n| *n == name) {
+                    out[i] = value.parse().ok();
+                }
+            }
+        }
+        out
+    }
+
+    /// `net.ipv4.ip_local_port_range` (as `procfs::local_port_range`).
+    fn local_port_range(&mut self) -> Option<(u16, u16)> {
+        let text = self.port_range.read()?;
+        let mut it = text.split_whitespace().map(|v| v.parse::<u16>());
+        Some((it.next()?.ok()?, it.next()?.ok()?))
+    }
+}
+
 #[derive(Default)]
 pub struct Sockets {
     /// Listening socket inode → the watched process holding it (the lowest
@@ -117,13 +157,14 @@ pub struct Sockets {
     /// probe then moves them to whoever really accepts.
     seed_of: HashMap<u64, u32>,
     /// Watched pids whose fds were read for the inodes that are still
-    /// unowned.
-    scanned: HashSet<u32>,
+    /// unowned (or copied from a parent's), and when.
+    scanned: fds::Known,
     /// What the kernel was told: port (in its namespace) → owner.
     told: HashMap<(Netns, u16), u32>,
     /// Watched pid → the network namespace it lives in (read once).
     netns_of: HashMap<u32, Option<u32>>,
     walks: Walks,
+    files: Files,
 }
 
 impl Sockets {
@@ -187,9 +228,10 @@ impl Sockets {
             .into_iter()
             .filter_map(|pid| Some((pid, table.get(pid)?.role())))
             .collect();
-        let [listen_overflows, listen_drops, time_wait_overflows] =
-            procfs::tcp_ext_counters(["ListenOverflows", "ListenDrops", "TCPTimeWaitOverflow"])
-                .map(|c| c.unwrap_or(0));
+        let [listen_overflows, listen_drops, time_wait_overflows] = self
+            .files
+            .tcp_ext_counters(["ListenOverflows", "ListenDrops", "TCPTimeWaitOverflow"])
+            .map(|c| c.unwrap_or(0));
         Ok(SocketSnapshot {
             links,
             walk,
@@ -199,7 +241,9 @@ impl Sockets {
                 listen_drops,
                 time_wait_overflows,
             },
-            ephemeral_ports: procfs::local_port_range()
+            ephemeral_ports: self
+                .files
+                .local_port_range()
                 .map(|(lo, hi)| u32::from(hi.saturating_sub(lo)) + 1),
             took_us: started.elapsed().as_micros() as u64,
             walk_age: self.walks.age(Instant::now()),
@@ -247,7 +291,14 @@ impl Sockets {
         let mut pids: Vec<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
         pids.sort_unstable();
         let parent_of = |pid: u32| table.get(pid).and_then(|p| p.parent.as_ref()).map(|p| p.0);
-        self.find_owners(&listening, &pids, procfs::socket_inodes, parent_of);
+        self.find_owners(
+            &listening,
+            &pids,
+            procfs::socket_inodes,
+            parent_of,
+            |pid| fds::forked(table, pid),
+            probes_clock_ns,
+        );
         let mut owners: HashMap<(Netns, u16), u32> = HashMap::new();
         let mut seeds: HashMap<(Netns, u16), u32> = HashMap::new();
         for (ino, owner) in &self.owner_of {
@@ -274,13 +325,16 @@ impl Sockets {
 
     /// Brings `owner_of` up to date for the listening sockets now, reading
     /// as few processes' fds as that needs; `pids` are the watched
-    /// processes, lowest first.
+    /// processes, lowest first; `forked`, a process's parent and fork time
+    /// if it was forked while watched; `clock`, the probes' clock.
     fn find_owners<V>(
         &mut self,
         listening: &HashMap<u64, V>,
         pids: &[u32],
         socket_inodes: impl Fn(u32) -> Vec<u64>,
         parent_of: impl Fn(u32) -> Option<u32>,
+        forked: impl Fn(u32) -> Option<(u32, u64)>,
+        clock: impl Fn() -> u64,
     ) {
         let watched: HashSet<u32> = pids.iter().copied().collect();
         // Closed sockets go; a socket whose owner left is looked for again.
@@ -304,7 +358,7 @@ impl Sockets {
             let new: Vec<u32> = pids
                 .iter()
                 .copied()
-                .filter(|pid| !self.scanned.contains(pid))
+                .filter(|pid| !self.scanned.contains_key(pid))
                 .collect();
             (unowned, new)
         };
@@ -312,8 +366,17 @@ impl Sockets {
             self.owner_of.insert(ino, None);
         }
         let mut holders: HashMap<u64, Vec<u32>> = HashMap::new();
+        let mut copied = fds::Known::new();
         if !wanted.is_empty() {
             for pid in readers {
+                // A copy of a parent read before holds no listener it did
+                // not, so none of the unowned.
+                if unseen.is_empty()
+                    && let Some(at) = fds::inherited(pid, forked(pid), &self.scanned)
+                {
+                    copied.insert(pid, at);
+                    continue;
+                }
                 for ino in socket_inodes(pid) {
                     if wanted.contains(&ino)
                         && let Some(owner) = self.owner_of.get_mut(&ino)
@@ -340,7 +403,22 @@ impl Sockets {
         let owner_of = &self.owner_of;
         self.seed_of
             .retain(|ino, pid| owner_of.contains_key(ino) && watched.contains(pid));
-        self.scanned = watched;
+        // Known now: every pid read, and those whose read would have
+        // looked for nothing (no listener was unowned); the others since
+        // their last read, or their fork.
+        let read_at = clock();
+        let scanned = std::mem::take(&mut self.scanned);
+        self.scanned = pids
+            .iter()
+            .map(|&pid| {
+                let at = match copied.get(&pid) {
+                    Some(&at) => at,
+                    None if !unseen.is_empty() => read_at,
+                    None => scanned.get(&pid).copied().unwrap_or(read_at),
+                };
+                (pid, at)
+            })
+            .collect();
     }
 }
 
@@ -381,6 +459,14 @@ mod tests {
         None
     }
 
+    fn not_forked(_: u32) -> Option<(u32, u64)> {
+        None
+    }
+
+    fn clock() -> u64 {
+        1_000_000_000
+    }
+
     #[test]
     fn a_worker_holding_its_masters_socket_is_told_to_the_kernel_first() {
         let mut s = Sockets::default();
@@ -394,6 +480,8 @@ mod tests {
             &[10, 11, 12, 20, 21],
             |p| fds.inodes(p),
             |p| parents.get(&p).copied(),
+            not_forked,
+            clock,
         );
         assert_eq!(s.owner_of[&100], Some(10), "the master holds it");
         assert_eq!(s.seed_of.get(&100), Some(&11), "a worker accepts there");
@@ -405,6 +493,8 @@ mod tests {
             &[10, 12, 20, 21],
             |p| fds.inodes(p),
             |p| parents.get(&p).copied(),
+            not_forked,
+            clock,
         );
         assert_eq!(s.seed_of.get(&100), None);
     }
@@ -415,7 +505,14 @@ mod tests {
         // A master (10) and a worker (11) share listener 100; 12 holds nothing.
         let fds = Fds::new(&[(10, &[100]), (11, &[100]), (12, &[7])]);
         let listening = HashMap::from([(100, 80), (200, 22)]);
-        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p), no_parent);
+        s.find_owners(
+            &listening,
+            &[10, 11, 12],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
         assert_eq!(
             fds.taken(),
             vec![10, 11, 12],
@@ -431,17 +528,38 @@ mod tests {
             "no watched process holds sshd's socket"
         );
 
-        s.find_owners(&listening, &[10, 11, 12], |p| fds.inodes(p), no_parent);
+        s.find_owners(
+            &listening,
+            &[10, 11, 12],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
         assert!(fds.taken().is_empty(), "nothing changed: no fd read");
 
         // A new watched process: only it is read, for the unowned socket.
         let fds = Fds::new(&[(10, &[100]), (11, &[100]), (13, &[200])]);
-        s.find_owners(&listening, &[10, 11, 12, 13], |p| fds.inodes(p), no_parent);
+        s.find_owners(
+            &listening,
+            &[10, 11, 12, 13],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
         assert_eq!(fds.taken(), vec![13]);
         assert_eq!(s.owner_of[&200], Some(13));
 
         // The master leaves: its socket is looked for again among all.
-        s.find_owners(&listening, &[11, 12, 13], |p| fds.inodes(p), no_parent);
+        s.find_owners(
+            &listening,
+            &[11, 12, 13],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
         assert_eq!(fds.taken(), vec![11, 12, 13]);
         assert_eq!(s.owner_of[&100], Some(11));
 
@@ -451,8 +569,95 @@ mod tests {
             &[11, 12, 13],
             |p| fds.inodes(p),
             no_parent,
+            not_forked,
+            clock,
         );
         assert!(!s.owner_of.contains_key(&100));
+    }
+
+    #[test]
+    fn the_files_read_as_procfs_reads_them() {
+        let mut files = Files::default();
+        assert_eq!(files.local_port_range(), procfs::local_port_range());
+        assert_eq!(files.local_port_range(), procfs::local_port_range());
+        // Cumulative counters: between a read before and one after.
+        let names = [
+            "ListenOverflows",
+            "ListenDrops",
+            "TCPTimeWaitOverflow",
+            "NoSuch",
+        ];
+        for _ in 0..2 {
+            let before = procfs::tcp_ext_counters(names);
+            let ours = files.tcp_ext_counters(names);
+            let after = procfs::tcp_ext_counters(names);
+            for i in 0..names.len() {
+                assert_eq!(ours[i].is_some(), before[i].is_some(), "{}", names[i]);
+                assert!(before[i] <= ours[i] && ours[i] <= after[i], "{}", names[i]);
+            }
+        }
+        assert!(files.tcp_ext_counters(names)[0].is_some());
+    }
+
+    #[test]
+    fn a_child_forked_after_its_parents_read_is_not_read() {
+        let mut s = Sockets::default();
+        // Postmaster 20 holds 300; sshd's 22 (200) is no watched
+        // process's, so each new process is read for it.
+        let fds = Fds::new(&[(20, &[300]), (21, &[300]), (5, &[300])]);
+        let listening = HashMap::from([(300, 5432), (200, 22)]);
+        let clock = || 1_000_000_000;
+        s.find_owners(
+            &listening,
+            &[20],
+            |p| fds.inodes(p),
+            no_parent,
+            not_forked,
+            clock,
+        );
+        assert_eq!(fds.taken(), vec![20]);
+        // Forked by 20 after its read: a copy of its fds. Forked by 20 as
+        // it was read, or with a pid below its parent's: read.
+        let after = 2_000_000_000;
+        let forks = HashMap::from([
+            (21, (20, after)),
+            (22, (20, 1_000_000_000)),
+            (5, (20, after)),
+        ]);
+        let forked = |p: u32| forks.get(&p).copied();
+        s.find_owners(
+            &listening,
+            &[5, 20, 21, 22],
+            |p| fds.inodes(p),
+            no_parent,
+            forked,
+            clock,
+        );
+        assert_eq!(fds.taken(), vec![5, 22]);
+        assert_eq!((s.owner_of[&300], s.owner_of[&200]), (Some(20), None));
+        assert_eq!(s.scanned[&21], after, "known since its fork");
+        // Its own child is a copy of a copy.
+        let forks = HashMap::from([(23, (21, after + 1_000_000_000))]);
+        s.find_owners(
+            &listening,
+            &[5, 20, 21, 22, 23],
+            |p| fds.inodes(p),
+            no_parent,
+            |p| forks.get(&p).copied(),
+            clock,
+        );
+        assert!(fds.taken().is_empty());
+        // A new listener: every process is read, copies too.
+        let listening = HashMap::from([(300, 5432), (200, 22), (400, 80)]);
+        s.find_owners(
+            &listening,
+            &[5, 20, 21, 22, 23],
+            |p| fds.inodes(p),
+            no_parent,
+            |p| forks.get(&p).copied(),
+            clock,
+        );
+        assert_eq!(fds.taken(), vec![5, 20, 21, 22, 23]);
     }
 
     #[test]

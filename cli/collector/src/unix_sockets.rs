@@ -4,7 +4,7 @@
 //!
 //! Owners are found as for TCP listeners (sockets.rs): /proc/PID/fd is read
 //! only when a listener appears that was not seen before, or for processes
-//! new to the watch set.
+//! new to the watch set that are no copy of a parent read before (fds.rs).
 //!
 //! Connects a full queue refused: the kernel counts them per destination
 //! path for every process on the host, since the probes loaded; each path
@@ -21,6 +21,7 @@ use std::{
 
 use anyhow::Result;
 
+use super::{busy::probes_clock_ns, fds};
 use stackprobe_model::{counter::Counter, process::ProcessTable, tcp::lost::Gains};
 use stackprobe_probes::{
     Probes, procfs,
@@ -31,8 +32,9 @@ use stackprobe_probes::{
 pub struct UnixSockets {
     /// Listener inode → the lowest watched pid holding it, None if none.
     owner_of: HashMap<u64, Option<u32>>,
-    /// Watched pids whose fds were read.
-    scanned: HashSet<u32>,
+    /// Watched pids whose fds were read (or copied from a parent's), and
+    /// when.
+    scanned: fds::Known,
     /// The watched listeners as last listed, with their owner.
     watched: Vec<(u32, UnixListener)>,
     /// The kernel's count of refused connects per destination id, at the
@@ -82,20 +84,39 @@ impl UnixSockets {
         } else {
             pids.iter()
                 .copied()
-                .filter(|pid| !self.scanned.contains(pid))
+                .filter(|pid| !self.scanned.contains_key(pid))
                 .collect()
         };
         for &ino in &now {
             self.owner_of.entry(ino).or_insert(None);
         }
+        let mut copied = fds::Known::new();
         for pid in readers {
+            // A copy of a parent read before holds no listener it did not.
+            if !unseen && let Some(at) = fds::inherited(pid, fds::forked(table, pid), &self.scanned)
+            {
+                copied.insert(pid, at);
+                continue;
+            }
             for ino in procfs::socket_inodes(pid) {
                 if let Some(owner) = self.owner_of.get_mut(&ino) {
                     *owner = Some(owner.map_or(pid, |o| o.min(pid)));
                 }
             }
         }
-        self.scanned = watched;
+        let read_at = probes_clock_ns();
+        let scanned = std::mem::take(&mut self.scanned);
+        self.scanned = pids
+            .iter()
+            .map(|&pid| {
+                let at = match copied.get(&pid) {
+                    Some(&at) => at,
+                    None if unseen => read_at,
+                    None => scanned.get(&pid).copied().unwrap_or(read_at),
+                };
+                (pid, at)
+            })
+            .collect();
         let owner_of = &self.owner_of;
         probes.forget_unix_listeners(|ino| owner_of.get(&ino).is_some_and(Option::is_some))?;
         self.watched.clear();

@@ -83,16 +83,28 @@ pub struct Gain {
 /// the extremes since the start, else taken from the lowest and highest
 /// bucket that gained, within the exact extremes.
 pub fn delta(before: &Totals, now: &Totals) -> Option<Gain> {
-    let buckets: Vec<(usize, u64)> = before
+    // Compared a run of buckets at a time, and bucket by bucket only where
+    // the run differs: of a histogram's 2304 buckets, a read finds a few
+    // that gained (the bucket by bucket scan was 3 % of watch's CPU under
+    // new.php).
+    const RUN: usize = 32;
+    let mut buckets: Vec<(usize, u64)> = Vec::new();
+    for (r, (b, n)) in before
         .buckets
-        .iter()
-        .zip(now.buckets.iter())
+        .chunks(RUN)
+        .zip(now.buckets.chunks(RUN))
         .enumerate()
-        .filter_map(|(i, (&b, &n))| {
+    {
+        if b == n {
+            continue;
+        }
+        for (i, (&b, &n)) in b.iter().zip(n).enumerate() {
             let gained = u64::from(n.wrapping_sub(b));
-            (gained > 0).then_some((i, gained))
-        })
-        .collect();
+            if gained > 0 {
+                buckets.push((r * RUN + i, gained));
+            }
+        }
+    }
     let (&(lowest, _), &(highest, _)) = (buckets.first()?, buckets.last()?);
     let min = if before.count == 0 || now.min < before.min {
         now.min
@@ -200,6 +212,38 @@ mod tests {
             v.record(ns);
         }
         v
+    }
+
+    #[test]
+    fn the_buckets_gained_are_those_a_scan_of_each_finds() {
+        // Gains in scattered buckets, at the edges of the runs compared,
+        // and a count that wrapped modulo 2^32.
+        let mut before = Totals::zero();
+        let mut now = Totals::zero();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..200 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = (x % BUCKETS as u64) as usize;
+            before.buckets[i] = (x >> 20) as u32;
+            now.buckets[i] = before.buckets[i].wrapping_add((x >> 52) as u32 % 3);
+        }
+        for i in [0, 31, 32, 63, BUCKETS - 1] {
+            now.buckets[i] = before.buckets[i].wrapping_add(1);
+        }
+        before.buckets[64] = u32::MAX;
+        now.buckets[64] = 1;
+        (now.count, now.min, now.max) = (1, 1, u64::MAX);
+        let each: Vec<(u64, u64)> = (0..BUCKETS)
+            .filter_map(|i| {
+                let gained = u64::from(now.buckets[i].wrapping_sub(before.buckets[i]));
+                (gained > 0).then(|| (bucket_value(i).clamp(now.min, now.max), gained))
+            })
+            .collect();
+        let gain = delta(&before, &now).unwrap();
+        assert_eq!(gain.buckets, each);
+        assert_eq!(gain.count, each.iter().map(|&(_, n)| n).sum::<u64>());
     }
 
     #[test]

@@ -1,0 +1,62 @@
+//! Which watched processes' socket fds are known, and since when: the
+//! owner scans of TCP and unix listeners (sockets.rs, unix_sockets.rs) read
+//! /proc/PID/fd once per process new to the watch set, to find listeners no
+//! watched process was seen holding.
+//!
+//! A process forked while watched needs no read of its own when its parent's
+//! fds were known before the fork: its fd table is a copy of its parent's,
+//! and a copy holds no listener its parent was not seen holding, but one
+//! the parent got after its read. A new listening socket is a new inode, and
+//! a new inode makes every watched process be read again; so only a
+//! listener handed over through a unix socket (SCM_RIGHTS, which no probe
+//! sees) would be missed, as it is for any process read before it got it.
+//! The copy's pid must be above its parent's (the owner is the lowest pid
+//! holding a listener: a pid that wrapped around is read), and the fork well
+//! after the parent's read (the fork event is stamped after the copy).
+
+use std::collections::HashMap;
+
+use stackprobe_model::process::ProcessTable;
+
+/// How long after its parent's read a fork must come for its child to go
+/// unread: the spawn event's stamp comes a little after the fd table's copy.
+const FORK_MARGIN_NS: u64 = 10_000_000;
+
+/// Watched pid → when its socket fds were last known (CLOCK_MONOTONIC ns,
+/// the probes' clock): read then, or copied from a parent known earlier.
+pub type Known = HashMap<u32, u64>;
+
+/// The parent and fork time of `pid` if the table saw it forked (while the
+/// probes watched).
+pub fn forked(table: &ProcessTable, pid: u32) -> Option<(u32, u64)> {
+    let p = table.get(pid)?;
+    Some((p.parent.as_ref()?.0, p.born_ns?))
+}
+
+/// When `pid`'s fds became known without a read of its own: at its fork,
+/// if `forked` (its parent and fork time) says it is a copy of a parent
+/// whose fds were known before.
+pub fn inherited(pid: u32, forked: Option<(u32, u64)>, known: &Known) -> Option<u64> {
+    let (parent, born) = forked?;
+    let at = *known.get(&parent)?;
+    (pid > parent && at.saturating_add(FORK_MARGIN_NS) < born).then_some(born)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_forked_after_its_parents_read_inherits_what_was_read() {
+        let known = Known::from([(10, 1_000_000_000)]);
+        let later = 1_000_000_000 + FORK_MARGIN_NS + 1;
+        assert_eq!(inherited(11, Some((10, later)), &known), Some(later));
+        // Forked before, or too close to, its parent's read: read it.
+        assert_eq!(inherited(11, Some((10, 1_000_000_000)), &known), None);
+        assert_eq!(inherited(11, Some((10, 900_000_000)), &known), None);
+        // A parent not read, a child not seen forked, a pid that wrapped.
+        assert_eq!(inherited(21, Some((20, later)), &known), None);
+        assert_eq!(inherited(11, None, &known), None);
+        assert_eq!(inherited(9, Some((10, later)), &known), None);
+    }
+}
