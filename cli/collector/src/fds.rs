@@ -42,6 +42,23 @@ pub fn inherited(pid: u32, forked: Option<(u32, u64)>, known: &Known) -> Option<
     (pid > parent && at.saturating_add(FORK_MARGIN_NS) < born).then_some(born)
 }
 
+/// What is known of `pids` after a scan at `read_at` that read those not
+/// in `copied` (whose fds are known from their fork): all of them now, if
+/// it looked for something (`read`); else each since its last read, or
+/// from now if never read.
+pub fn after_scan(pids: &[u32], copied: &Known, read: bool, before: &Known, read_at: u64) -> Known {
+    pids.iter()
+        .map(|&pid| {
+            let at = match copied.get(&pid) {
+                Some(&at) => at,
+                None if read => read_at,
+                None => before.get(&pid).copied().unwrap_or(read_at),
+            };
+            (pid, at)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

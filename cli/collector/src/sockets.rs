@@ -407,18 +407,7 @@ impl Sockets {
         // looked for nothing (no listener was unowned); the others since
         // their last read, or their fork.
         let read_at = clock();
-        let scanned = std::mem::take(&mut self.scanned);
-        self.scanned = pids
-            .iter()
-            .map(|&pid| {
-                let at = match copied.get(&pid) {
-                    Some(&at) => at,
-                    None if !unseen.is_empty() => read_at,
-                    None => scanned.get(&pid).copied().unwrap_or(read_at),
-                };
-                (pid, at)
-            })
-            .collect();
+        self.scanned = fds::after_scan(pids, &copied, !unseen.is_empty(), &self.scanned, read_at);
     }
 }
 

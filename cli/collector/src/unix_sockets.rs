@@ -105,18 +105,7 @@ impl UnixSockets {
             }
         }
         let read_at = probes_clock_ns();
-        let scanned = std::mem::take(&mut self.scanned);
-        self.scanned = pids
-            .iter()
-            .map(|&pid| {
-                let at = match copied.get(&pid) {
-                    Some(&at) => at,
-                    None if unseen => read_at,
-                    None => scanned.get(&pid).copied().unwrap_or(read_at),
-                };
-                (pid, at)
-            })
-            .collect();
+        self.scanned = fds::after_scan(&pids, &copied, unseen, &self.scanned, read_at);
         let owner_of = &self.owner_of;
         probes.forget_unix_listeners(|ino| owner_of.get(&ino).is_some_and(Option::is_some))?;
         self.watched.clear();
