@@ -177,9 +177,9 @@ fn bpf(cmd: libc::c_long, attr: &mut [u8]) -> Result<i64> {
 
 fn get_info(fd: i64, info: &mut [u8; INFO_LEN]) -> Result<()> {
     let mut attr = [0u8; 16];
-    attr[0..4].copy_from_slice(&(fd as u32).to_ne_bytes());
-    attr[4..8].copy_from_slice(&(INFO_LEN as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+    put32(&mut attr, 0, fd as usize);
+    put32(&mut attr, 4, INFO_LEN);
+    put_ptr(&mut attr, 8, info);
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
 }
 
@@ -187,14 +187,20 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-fn put(b: &mut [u8], at: usize, v: &[u8]) {
-    b[at..at + v.len()].copy_from_slice(v);
+fn put32(b: &mut [u8], at: usize, v: usize) {
+    b[at..at + 4].copy_from_slice(&(v as u32).to_ne_bytes());
+}
+
+/// The address of `buf` into a u64 field of bpf_prog_info, where the
+/// kernel writes that array.
+fn put_ptr<T>(b: &mut [u8], at: usize, buf: &mut [T]) {
+    b[at..at + 8].copy_from_slice(&(buf.as_mut_ptr() as u64).to_ne_bytes());
 }
 
 /// The JIT image's functions and line info of loaded program `id`.
 pub fn prog_lines(id: u64) -> Result<ProgLines> {
     let mut attr = [0u8; 16];
-    put(&mut attr, 0, &(id as u32).to_ne_bytes());
+    put32(&mut attr, 0, id as usize);
     let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
     let result = (|| {
         let mut info = [0u8; INFO_LEN];
@@ -217,44 +223,16 @@ pub fn prog_lines(id: u64) -> Result<ProgLines> {
         let mut line_info = vec![0u8; n_lines * line_rec];
         let mut jited = vec![0u64; n_jited];
         let mut ask = [0u8; INFO_LEN];
-        put(&mut ask, NR_JITED_KSYMS, &(n_ksyms as u32).to_ne_bytes());
-        put(&mut ask, NR_JITED_FUNC_LENS, &(n_lens as u32).to_ne_bytes());
-        put(
-            &mut ask,
-            JITED_KSYMS,
-            &(ksyms.as_mut_ptr() as u64).to_ne_bytes(),
-        );
-        put(
-            &mut ask,
-            JITED_FUNC_LENS,
-            &(lens.as_mut_ptr() as u64).to_ne_bytes(),
-        );
-        put(&mut ask, NR_LINE_INFO, &(n_lines as u32).to_ne_bytes());
-        put(
-            &mut ask,
-            LINE_INFO,
-            &(line_info.as_mut_ptr() as u64).to_ne_bytes(),
-        );
-        put(
-            &mut ask,
-            JITED_LINE_INFO,
-            &(jited.as_mut_ptr() as u64).to_ne_bytes(),
-        );
-        put(
-            &mut ask,
-            NR_JITED_LINE_INFO,
-            &(n_jited as u32).to_ne_bytes(),
-        );
-        put(
-            &mut ask,
-            LINE_INFO_REC_SIZE,
-            &(line_rec as u32).to_ne_bytes(),
-        );
-        put(
-            &mut ask,
-            JITED_LINE_INFO_REC_SIZE,
-            &(jited_rec as u32).to_ne_bytes(),
-        );
+        put32(&mut ask, NR_JITED_KSYMS, n_ksyms);
+        put32(&mut ask, NR_JITED_FUNC_LENS, n_lens);
+        put_ptr(&mut ask, JITED_KSYMS, &mut ksyms);
+        put_ptr(&mut ask, JITED_FUNC_LENS, &mut lens);
+        put32(&mut ask, NR_LINE_INFO, n_lines);
+        put_ptr(&mut ask, LINE_INFO, &mut line_info);
+        put_ptr(&mut ask, JITED_LINE_INFO, &mut jited);
+        put32(&mut ask, NR_JITED_LINE_INFO, n_jited);
+        put32(&mut ask, LINE_INFO_REC_SIZE, line_rec);
+        put32(&mut ask, JITED_LINE_INFO_REC_SIZE, jited_rec);
         get_info(fd, &mut ask)?;
         let mut lines: Vec<(u64, u32)> = jited
             .iter()
@@ -299,6 +277,8 @@ pub fn run(load: &LoadArgs, top: usize) -> Result<String> {
         process::is_root(),
         "perf and the probes need root: run it as root"
     );
+    // Run counts and times: without them every program reads as never run.
+    let _stats = super::BpfStats::enable()?;
     let before = program_ids()?;
     let tracer = Tracer::stackprobe(&STACKPROBE_ARGS)?;
     let data = std::env::temp_dir().join(format!("stackprobe-lines-{}.data", std::process::id()));
@@ -343,7 +323,7 @@ pub fn run(load: &LoadArgs, top: usize) -> Result<String> {
         "# Where stackprobe's programs spend their time, by source line\n\n\
          `stackprobe watch nginx php-fpm postgres` on the lab's {:?} page, wrk with {} \
          connections for {} s ({} requests); perf sampling every CPU at 20 kHz. Program \
-         run counts and times are since attach (bpf_stats must be on for times). A sample \
+         run counts and times are since attach. A sample \
          lands on the instruction waiting for a load, so a cold line shows on the code that \
          first reads it; time in kernel functions a program calls (a hash lookup, a helper's \
          copy) goes to the line that called it, through the sample's callchain.\n",
