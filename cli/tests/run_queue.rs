@@ -472,9 +472,14 @@ fn seen_in_role(s: &Session, child: u32) -> Account {
     }
 }
 
-/// A child forked after the probes attached does `work` with a hog beside
-/// it: the kernel's account of it and what its role got, with its own row
-/// and its parent's checked to hold none of it.
+/// A child forked after the probes attached does `work` with two hogs
+/// beside it: the kernel's account of it and what its role got, with its
+/// own row and its parent's checked to hold none of it. Two hogs, not one:
+/// each switch-in moves a fixed few µs from the kernel's run to the
+/// probes' wait (the kernel's wait ends at the switch's clock update, the
+/// probes' at the tracepoint after the pick), 32 µs a run in the 6.1
+/// guest, which 1.4 ms waits a run (one hog) held to 2.2 %; the 2 % bound
+/// is for waits of milliseconds.
 fn measure_child() -> Window {
     let _lock = probe_lock();
     let _exact = ExactSchedstat::start();
@@ -488,7 +493,7 @@ fn measure_child() -> Window {
     let started = Started::now(&mut s, child, |s| seen_in_role(s, child));
     let parent_before = own(&s, parent);
     {
-        let _hogs = Hogs::start(1, 0);
+        let _hogs = Hogs::start(2, 0);
         server.send("work 100 2000 1000");
         let reply = server.line();
         assert!(reply.starts_with("worked "), "{reply}");
@@ -518,7 +523,7 @@ fn measure_child() -> Window {
 fn a_process_forked_after_the_start_waits_as_long_as_the_kernel_says_in_its_role() {
     let Window { kernel, probes, .. } = with_every_run_seen(measure_child);
     assert!(
-        kernel.waited_ns > 50_000_000,
+        kernel.waited_ns > 150_000_000,
         "the test made too little contention to measure: {kernel:?}"
     );
     assert_matches(kernel, probes, 0, 0);
