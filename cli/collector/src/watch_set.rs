@@ -14,6 +14,7 @@ use super::{cgroups, containers::Containers};
 use stackprobe_model::{
     containers::Container,
     process::{LiveProcess, ProcessTable},
+    roles,
     selector::Selector,
 };
 use stackprobe_probes::Probes;
@@ -116,13 +117,17 @@ impl WatchSet {
             let name = table
                 .get(pid)
                 .map_or_else(|| known.name.clone(), |p| p.name.clone());
+            let title = match table.get(pid) {
+                Some(p) if !p.needs_title() => None,
+                // Not in the table yet: its name says whether a title
+                // could matter.
+                None if !roles::reads_title(&name) => None,
+                _ => procfs::cmdline(pid),
+            };
             live.push(LiveProcess {
                 pid,
                 name,
-                title: match table.get(pid) {
-                    Some(p) if !p.needs_title() => None,
-                    _ => procfs::cmdline(pid),
-                },
+                title,
                 parent: known.parent.clone(),
                 container: known.container.clone(),
                 ns_pid: known.ns_pid,

@@ -48,6 +48,12 @@ pub fn title_settled(name: &str, title: &str) -> bool {
     strip_version(name) != "php-fpm" || php_fpm_pool(title).is_some()
 }
 
+/// Whether the role of a process named `name` can depend on its title
+/// (see [`title_settled`]).
+pub fn reads_title(name: &str) -> bool {
+    !title_settled(name, "")
+}
+
 /// The kind of a role, for what can be said about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -176,6 +182,31 @@ mod tests {
             "nginx: master process /usr/sbin/nginx"
         ));
         assert!(title_settled("postgres", "postgres: checkpointer"));
+    }
+
+    #[test]
+    fn a_title_moves_a_role_only_for_names_that_read_it() {
+        // If the role of a name that reads no title moved with its title,
+        // a process whose title is never read would take the wrong role.
+        let titles = [
+            None,
+            Some("php-fpm: pool www"),
+            Some("postgres: app db 127.0.0.1(5) idle"),
+            Some("nginx: worker process"),
+        ];
+        for name in ["postgres", "nginx", "php-fpm8.2", "php-fpm", "myd"] {
+            for parent in [None, Some(name), Some("systemd")] {
+                for forks in [false, true] {
+                    let untitled = role(name, None, parent, forks);
+                    let moved = titles
+                        .iter()
+                        .any(|&t| role(name, t, parent, forks) != untitled);
+                    assert!(!moved || reads_title(name), "{name} {parent:?} {forks}");
+                }
+            }
+        }
+        assert!(reads_title("php-fpm8.2"));
+        assert!(!reads_title("postgres"));
     }
 
     #[test]

@@ -369,6 +369,30 @@ fn role_names(t: &ProcessTable) -> Vec<String> {
 }
 
 #[test]
+fn only_a_process_whose_role_can_take_its_title_needs_it_read() {
+    let mut t = ProcessTable::default();
+    t.sync_watched(&[live(1, "postgres"), live(10, "php-fpm8.2")]);
+    t.apply(&spawn(1, 2, "postgres", 1_000));
+    t.apply(&spawn(10, 11, "php-fpm8.2", 1_000));
+    assert!(
+        !t.get(2).unwrap().needs_title(),
+        "a backend's role is its name's"
+    );
+    assert!(
+        t.get(11).unwrap().needs_title(),
+        "a worker's pool is in its title"
+    );
+    assert!(t.get(10).unwrap().needs_title(), "not read yet");
+    // An exec to a name that reads its title: read it.
+    t.apply(&Event::Exec(ExecSample {
+        tgid: 2,
+        ts_ns: 2_000,
+        comm: "php-fpm8.2".into(),
+    }));
+    assert!(t.get(2).unwrap().needs_title());
+}
+
+#[test]
 fn a_worker_seen_before_its_title_settles_into_one_role_with_everything_it_did() {
     let mut t = ProcessTable::default();
     t.sync_watched(&[
