@@ -177,6 +177,10 @@ impl Collector {
 
     fn report<T>(&mut self, kind: ReportKind, sink: impl FnOnce(&Frame) -> Result<T>) -> Result<T> {
         self.drain()?;
+        // Children forked while the histograms were read: their spawn
+        // events name them and their parents, so the watch set needs no
+        // read of their /proc entries (a postgres backend per request).
+        self.drain_ring();
         self.refresh()?;
         // The summary's TIME_WAIT is from a walk at its end.
         self.look_at_sockets(kind == ReportKind::Summary)?;
