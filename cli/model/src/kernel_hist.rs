@@ -134,7 +134,30 @@ pub fn delta(before: &Totals, now: &Totals) -> Option<Gain> {
 /// What has been read so far, per map and histogram.
 #[derive(Clone, Debug, Default)]
 pub struct HistReads {
-    seen: HashMap<(usize, HistKey), Totals>,
+    seen: HashMap<(usize, HistKey), Seen>,
+}
+
+/// A histogram's last read.
+#[derive(Clone, Debug)]
+struct Seen {
+    totals: Totals,
+    /// `totals.settled()`, worked out once: most reads find nothing
+    /// gained, and summing each one's buckets again to tell was 0.8 % of
+    /// watch's CPU under new.php.
+    settled: bool,
+}
+
+impl Seen {
+    fn zero() -> Self {
+        Self::of(Totals::zero())
+    }
+
+    fn of(totals: Totals) -> Self {
+        Self {
+            settled: totals.settled(),
+            totals,
+        }
+    }
 }
 
 impl HistReads {
@@ -143,45 +166,53 @@ impl HistReads {
     /// not know. `last`: the histogram is read for the last time and
     /// forgotten. `comm` names the process, asked only if something was
     /// gained.
-    pub fn read<'a>(
+    pub fn read<'a, I>(
         &mut self,
         key: HistKey,
-        per_cpu: impl IntoIterator<Item = &'a HistValue>,
+        per_cpu: I,
         last: bool,
         comm: impl FnOnce() -> Option<String>,
-    ) -> Option<HistDelta> {
+    ) -> Option<HistDelta>
+    where
+        I: IntoIterator<Item = &'a HistValue>,
+        I::IntoIter: Clone,
+    {
         self.read_in(0, key, per_cpu, last, comm)
     }
 
     /// `read`, of the histogram in map number `map` (the kernel keeps
     /// them in more than one).
-    pub fn read_in<'a>(
+    pub fn read_in<'a, I>(
         &mut self,
         map: usize,
         key: HistKey,
-        per_cpu: impl IntoIterator<Item = &'a HistValue>,
+        per_cpu: I,
         last: bool,
         comm: impl FnOnce() -> Option<String>,
-    ) -> Option<HistDelta> {
-        let per_cpu: Vec<&HistValue> = per_cpu.into_iter().collect();
-        let count: u64 = per_cpu.iter().map(|v| v.count).sum();
+    ) -> Option<HistDelta>
+    where
+        I: IntoIterator<Item = &'a HistValue>,
+        I::IntoIter: Clone,
+    {
+        let per_cpu = per_cpu.into_iter();
+        let count: u64 = per_cpu.clone().map(|v| v.count).sum();
         if !last
             && self
                 .seen
                 .get(&(map, key))
-                .is_some_and(|t| t.count == count && t.settled())
+                .is_some_and(|s| s.totals.count == count && s.settled)
         {
             // Nothing gained since a read that caught no sample half-added.
             return None;
         }
         let now = Totals::of_cpus(per_cpu);
         let gain = if last {
-            let before = self.seen.remove(&(map, key)).unwrap_or_else(Totals::zero);
-            delta(&before, &now)
+            let before = self.seen.remove(&(map, key)).unwrap_or_else(Seen::zero);
+            delta(&before.totals, &now)
         } else {
-            let before = self.seen.entry((map, key)).or_insert_with(Totals::zero);
-            let gain = delta(before, &now);
-            *before = now;
+            let before = self.seen.entry((map, key)).or_insert_with(Seen::zero);
+            let gain = delta(&before.totals, &now);
+            *before = Seen::of(now);
             gain
         }?;
         let metric = HistMetric::from_u32(key.metric)?;
