@@ -211,6 +211,23 @@ impl Activity {
         }
     }
 
+    /// Empties it as `default` makes one, in place (a retired row's,
+    /// kept for reuse).
+    pub(super) fn clear(&mut self) {
+        let Activity {
+            latency,
+            counts,
+            listeners,
+            connects,
+        } = self;
+        for (_, m) in latency.iter_mut() {
+            *m = Metric::default();
+        }
+        *counts = Counts::default();
+        listeners.clear();
+        connects.clear();
+    }
+
     pub(super) fn reset_interval(&mut self) {
         for (_, m) in self.latency.iter_mut() {
             m.reset_interval();

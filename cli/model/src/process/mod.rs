@@ -12,7 +12,9 @@
 //! per-listener and per-destination breakdowns) is in `activity.rs`; the
 //! table and the lifecycle are here.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{
     containers::{self, Container},
@@ -60,6 +62,7 @@ pub struct Process {
 
 impl Process {
     fn new(pid: u32, name: String) -> Self {
+        // (`clear` empties a row to this, field by field.)
         Self {
             pid,
             name,
@@ -73,6 +76,36 @@ impl Process {
             missed_syncs: 0,
             activity: Activity::default(),
         }
+    }
+
+    /// Empties the row as `new` makes one, but for its name's allocation,
+    /// kept for the process that reuses it.
+    fn clear(&mut self) {
+        // Every field named: a new one must be cleared too.
+        let Process {
+            pid,
+            name,
+            title,
+            parent,
+            born_ns,
+            forks_own_name,
+            watched,
+            container,
+            ns_pid,
+            missed_syncs,
+            activity,
+        } = self;
+        *pid = 0;
+        name.clear();
+        *title = None;
+        *parent = None;
+        *born_ns = None;
+        *forks_own_name = false;
+        *watched = true;
+        *container = None;
+        *ns_pid = None;
+        *missed_syncs = 0;
+        activity.clear();
     }
 
     pub fn role(&self) -> String {
@@ -129,17 +162,21 @@ pub struct ProcessTable {
     /// The roles of processes that exited in this interval and the one
     /// before: what the kernel's histograms gained for them is read after
     /// their exit was applied, and goes to their role.
-    exited_roles: [BTreeMap<u32, String>; 2],
+    exited_roles: [FxHashMap<u32, RoleName>; 2],
     /// The role each live parent's latest child retired into: where
     /// run-queue samples the kernel kept under the parent for children that
     /// are gone go (see `HistDelta::of_children`). A parent's entry moves to
     /// `exited_children_roles` when it exits, so this holds live processes
     /// only.
-    children_roles: BTreeMap<u32, String>,
+    children_roles: FxHashMap<u32, RoleName>,
     /// The same for parents that exited in this interval and the one
     /// before, as `exited_roles`: the kernel's last read of their
     /// children's samples comes after their exit.
-    exited_children_roles: [BTreeMap<u32, String>; 2],
+    exited_children_roles: [FxHashMap<u32, RoleName>; 2],
+    /// The role names the maps above hold, each kept once: a process that
+    /// exits per request (postgres's backends) would otherwise copy its
+    /// role's name into each of them.
+    role_names: FxHashSet<RoleName>,
     /// Rows of retired processes, kept for new ones: a row is over a
     /// kilobyte, and each such allocation made malloc consolidate its
     /// small free chunks (3 % of the collector's time under new.php's fork
@@ -150,6 +187,9 @@ pub struct ProcessTable {
 
 /// Retired rows kept for reuse.
 const SPARE_ROWS: usize = 16;
+
+/// A role's name, shared.
+type RoleName = Arc<str>;
 
 impl ProcessTable {
     pub fn apply(&mut self, event: &Event) {
@@ -169,22 +209,21 @@ impl ProcessTable {
 
     fn entry(&mut self, pid: u32, name: &str) -> &mut Process {
         let spare = &mut self.spare;
-        self.procs.entry(pid).or_insert_with(|| {
-            let row = Process::new(pid, name.to_string());
-            match spare.pop() {
-                Some(mut b) => {
-                    *b = row;
-                    b
-                }
-                None => Box::new(row),
+        self.procs.entry(pid).or_insert_with(|| match spare.pop() {
+            // Cleared when its process retired.
+            Some(mut b) => {
+                b.pid = pid;
+                b.name.push_str(name);
+                b
             }
+            None => Box::new(Process::new(pid, name.to_string())),
         })
     }
 
     fn record_hist(&mut self, d: &HistDelta) {
         if d.of_children {
             let role = self.children_role(d.tgid);
-            self.retired_role(role).record_kernel(d);
+            self.retired_role(&role).record_kernel(d);
             return;
         }
         let exited_role = (!self.procs.contains_key(&d.tgid))
@@ -196,7 +235,7 @@ impl ProcessTable {
             })
             .flatten();
         let a = match exited_role {
-            Some(role) => self.retired_role(role),
+            Some(role) => self.retired_role(&role),
             None => {
                 let name = d.comm.clone().unwrap_or_else(|| format!("[{}]", d.tgid));
                 &mut self.entry(d.tgid, &name).activity
@@ -247,14 +286,16 @@ impl ProcessTable {
         let Some(proc) = self.procs.get(&s.tgid) else {
             return;
         };
-        if let (Some(born), Some((parent, parent_name))) = (proc.born_ns, proc.parent.clone()) {
+        let forked = proc.born_ns.zip(proc.parent.as_ref().map(|(pid, _)| *pid));
+        if let Some((born, parent)) = forked {
             let lifetime = s.ts_ns.saturating_sub(born);
             match self.procs.get_mut(&parent) {
                 Some(p) => p.activity.latency[Latency::ChildLifetime].record(lifetime),
                 None => {
                     // The parent is gone: credit its role's totals.
-                    let role = roles::role(&parent_name, None, None, true);
-                    self.retired_role(role).latency[Latency::ChildLifetime].record(lifetime);
+                    let parent_name = self.procs[&s.tgid].parent.as_ref().map(|(_, n)| n);
+                    let role = roles::role(parent_name.expect("forked"), None, None, true);
+                    self.retired_role(&role).latency[Latency::ChildLifetime].record(lifetime);
                 }
             }
         }
@@ -279,7 +320,7 @@ impl ProcessTable {
             .chain(&self.exited_children_roles)
             .find_map(|roles| roles.get(&parent));
         if let Some(role) = remembered {
-            return role.clone();
+            return role.to_string();
         }
         match self.procs.get(&parent) {
             Some(p) => roles::role(&p.name, None, Some(&p.name), false),
@@ -289,30 +330,41 @@ impl ProcessTable {
 
     /// Removes `pid`, adding its numbers to its role's totals.
     fn retire(&mut self, pid: u32) {
-        if let Some(proc) = self.procs.remove(&pid) {
-            let role = self.retiring_role(&proc);
-            if let Some(children) = self.children_roles.remove(&pid) {
-                self.exited_children_roles[0].insert(pid, children);
-            }
-            if let Some((parent, _)) = &proc.parent
-                && self.procs.contains_key(parent)
-            {
-                self.children_roles.insert(*parent, role.clone());
-            }
-            self.exited_roles[0].insert(pid, role.clone());
-            // Its sockets keep counting on its links under this role.
-            self.links.remember_role(pid, role.clone());
-            let retired = self.retired_role(role);
-            retired.add(&proc.activity, Span::Whole);
-            retired.counts[Count::Exited].bump();
-            if self.spare.len() < SPARE_ROWS {
-                // Emptied now: a histogram it shares with its role's sum
-                // would be copied at the role's next sample.
-                let mut proc = proc;
-                *proc = Process::new(0, String::new());
-                self.spare.push(proc);
-            }
+        let Some(mut proc) = self.procs.remove(&pid) else {
+            return;
+        };
+        let role = self.retiring_role(&proc);
+        let role = self.role_name(role);
+        if let Some(children) = self.children_roles.remove(&pid) {
+            self.exited_children_roles[0].insert(pid, children);
         }
+        if let Some((parent, _)) = &proc.parent
+            && self.procs.contains_key(parent)
+        {
+            self.children_roles.insert(*parent, Arc::clone(&role));
+        }
+        self.exited_roles[0].insert(pid, Arc::clone(&role));
+        // Its sockets keep counting on its links under this role.
+        self.links.remember(pid, &role);
+        let retired = self.retired_role(&role);
+        retired.add(&proc.activity, Span::Whole);
+        retired.counts[Count::Exited].bump();
+        if self.spare.len() < SPARE_ROWS {
+            // Emptied now: a histogram it shares with its role's sum
+            // would be copied at the role's next sample.
+            proc.clear();
+            self.spare.push(proc);
+        }
+    }
+
+    /// `role`, as kept once in `role_names`.
+    fn role_name(&mut self, role: String) -> RoleName {
+        if let Some(name) = self.role_names.get(role.as_str()) {
+            return Arc::clone(name);
+        }
+        let name = RoleName::from(role);
+        self.role_names.insert(Arc::clone(&name));
+        name
     }
 
     /// The role `proc` retires into: its own, unless it left before it
@@ -342,13 +394,18 @@ impl ProcessTable {
         }
     }
 
-    fn retired_role(&mut self, role: String) -> &mut Activity {
-        let key = if self.retired.len() >= MAX_ROLES - 1 && !self.retired.contains_key(&role) {
-            OTHER_ROLE.to_string()
+    fn retired_role(&mut self, role: &str) -> &mut Activity {
+        let key = if self.retired.len() >= MAX_ROLES - 1 && !self.retired.contains_key(role) {
+            OTHER_ROLE
         } else {
             role
         };
-        self.retired.entry(key).or_default()
+        // Looked up by the name borrowed: the role is there but at its
+        // first retiree.
+        if !self.retired.contains_key(key) {
+            self.retired.insert(key.to_string(), Activity::default());
+        }
+        self.retired.get_mut(key).expect("inserted if missing")
     }
 
     /// Mirrors the kernel's watch set: `live` lists every watched process now.
@@ -461,8 +518,13 @@ impl ProcessTable {
         for activity in self.retired.values_mut() {
             activity.reset_interval();
         }
-        self.exited_roles[1] = std::mem::take(&mut self.exited_roles[0]);
-        self.exited_children_roles[1] = std::mem::take(&mut self.exited_children_roles[0]);
+        // The one before is forgotten; its maps are this interval's, emptied.
+        self.exited_roles.swap(0, 1);
+        self.exited_roles[0].clear();
+        self.exited_children_roles.swap(0, 1);
+        self.exited_children_roles[0].clear();
+        // Names no map holds any more.
+        self.role_names.retain(|name| Arc::strong_count(name) > 1);
         self.links.reset_interval();
     }
 

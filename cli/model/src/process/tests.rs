@@ -569,3 +569,66 @@ fn a_gone_parents_last_children_samples_still_find_their_role_then_it_is_forgott
         "two intervals on, the parent's children's role is forgotten"
     );
 }
+
+#[test]
+fn a_reused_row_keeps_nothing_of_the_process_that_retired_from_it() {
+    let busy = |t: &mut ProcessTable| {
+        t.sync_watched(&[live(1, "srv")]);
+        t.apply(&spawn(1, 5, "srv", 1_000));
+        t.sync_watched(&[
+            live(1, "srv"),
+            LiveProcess {
+                pid: 5,
+                name: "srv".into(),
+                title: Some("srv: busy".into()),
+                parent: Some((1, "srv".into())),
+                container: Container::from_cgroup(
+                    "/system.slice/docker-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope",
+                ),
+                ns_pid: Some(3),
+            },
+        ]);
+        t.apply(&accept(5, 100));
+        assert!(t.get(5).unwrap().container.is_some());
+        t.apply(&spawn(5, 6, "srv", 2_000));
+        t.apply(&exit(6, 2_500));
+        t.apply(&exit(5, 3_000));
+    };
+    let mut reused = ProcessTable::default();
+    busy(&mut reused);
+    assert_eq!(reused.spare.len(), 2, "the worker's row is reused first");
+    reused.apply(&accept(9, 50));
+    let mut fresh = ProcessTable::default();
+    fresh.apply(&accept(9, 50));
+    // Debug shows every field, histograms included.
+    assert_eq!(
+        format!("{:?}", reused.get(9).unwrap()),
+        format!("{:?}", fresh.get(9).unwrap())
+    );
+}
+
+#[test]
+fn role_names_are_kept_while_a_map_holds_them() {
+    let mut t = ProcessTable::default();
+    t.sync_watched(&[live(1, "srv")]);
+    t.apply(&spawn(1, 5, "srv", 1_000));
+    t.apply(&exit(5, 2_000));
+    t.apply(&spawn(1, 6, "srv", 3_000));
+    t.apply(&exit(6, 4_000));
+    assert_eq!(t.role_names.len(), 1, "one name for both workers");
+    t.apply(&exit(1, 5_000));
+    assert_eq!(t.role_names.len(), 2);
+    // One interval on, what the kernel read late still finds its role.
+    t.reset_interval();
+    t.apply(&hist(5, HistMetric::Accept, 2));
+    assert!(t.get(5).is_none());
+    assert_eq!(
+        t.roles(Span::Whole)["srv worker"].1.latency[Latency::Accept]
+            .total
+            .count(),
+        2
+    );
+    assert_eq!(t.role_names.len(), 2);
+    t.reset_interval();
+    assert!(t.role_names.is_empty(), "{:?}", t.role_names);
+}

@@ -90,7 +90,7 @@ impl LinkTable {
     pub fn observe_snapshot(&mut self, snapshot: SocketSnapshot) {
         self.reads += 1;
         for (pid, role) in snapshot.roles {
-            self.set_role(pid, role);
+            self.set_role(pid, &role);
         }
         self.add_totals(&snapshot.links);
         if let Some(walk) = snapshot.walk {
@@ -138,6 +138,12 @@ impl LinkTable {
     /// Remembers the role of a process that exited, for its links that
     /// count on.
     pub fn remember_role(&mut self, pid: u32, role: String) {
+        self.remember(pid, &role);
+    }
+
+    /// `remember_role`, of a role name borrowed (a process exits per
+    /// request under some loads: no copy of its role's name each time).
+    pub fn remember(&mut self, pid: u32, role: &str) {
         self.set_role(pid, role);
     }
 
@@ -146,8 +152,8 @@ impl LinkTable {
     /// php-fpm worker names its pool after its fork) takes what its links
     /// counted so far along, so one process never leaves rows under two
     /// roles.
-    fn set_role(&mut self, pid: u32, role: String) {
-        let id = self.role_names.id(&role);
+    fn set_role(&mut self, pid: u32, role: &str) {
+        let id = self.role_names.id(role);
         let old = match self.roles.insert(pid, (id, self.reads as u32)) {
             Some((old, _)) if old != id => self.role_names.name(old).to_string(),
             _ => return,
@@ -180,7 +186,7 @@ impl LinkTable {
                 self.links.remove(&from);
             }
             let to = LinkKey {
-                owner: Some(role.clone()),
+                owner: Some(role.to_string()),
                 side: peer.side,
                 peer: text.peer,
                 endpoint: text.endpoint,
