@@ -136,7 +136,7 @@ impl ConnectActivity {
 
 /// `name`'s entry in `map`, which keeps at most `max` names apart: past
 /// that, a new name's numbers go under `other`.
-fn bounded_entry<'a, T: Default>(
+pub(super) fn bounded_entry<'a, T: Default>(
     map: &'a mut BTreeMap<String, T>,
     name: &str,
     max: usize,
@@ -147,7 +147,12 @@ fn bounded_entry<'a, T: Default>(
     } else {
         name
     };
-    map.entry(name.to_string()).or_default()
+    // Looked up by the name borrowed: `entry` would copy it for every
+    // sample and every sum, though it is there but the first time.
+    if !map.contains_key(name) {
+        map.insert(name.to_string(), T::default());
+    }
+    map.get_mut(name).expect("inserted if missing")
 }
 
 /// What one listening socket's accepts measured: its [`Per::Listener`]

@@ -345,7 +345,7 @@ impl ProcessTable {
         }
         self.exited_roles[0].insert(pid, Arc::clone(&role));
         // Its sockets keep counting on its links under this role.
-        self.links.remember(pid, &role);
+        self.links.remember_role(pid, &role);
         let retired = self.retired_role(&role);
         retired.add(&proc.activity, Span::Whole);
         retired.counts[Count::Exited].bump();
@@ -395,17 +395,7 @@ impl ProcessTable {
     }
 
     fn retired_role(&mut self, role: &str) -> &mut Activity {
-        let key = if self.retired.len() >= MAX_ROLES - 1 && !self.retired.contains_key(role) {
-            OTHER_ROLE
-        } else {
-            role
-        };
-        // Looked up by the name borrowed: the role is there but at its
-        // first retiree.
-        if !self.retired.contains_key(key) {
-            self.retired.insert(key.to_string(), Activity::default());
-        }
-        self.retired.get_mut(key).expect("inserted if missing")
+        activity::bounded_entry(&mut self.retired, role, MAX_ROLES - 1, OTHER_ROLE)
     }
 
     /// Mirrors the kernel's watch set: `live` lists every watched process now.

@@ -137,13 +137,7 @@ impl LinkTable {
 
     /// Remembers the role of a process that exited, for its links that
     /// count on.
-    pub fn remember_role(&mut self, pid: u32, role: String) {
-        self.remember(pid, &role);
-    }
-
-    /// `remember_role`, of a role name borrowed (a process exits per
-    /// request under some loads: no copy of its role's name each time).
-    pub fn remember(&mut self, pid: u32, role: &str) {
+    pub fn remember_role(&mut self, pid: u32, role: &str) {
         self.set_role(pid, role);
     }
 

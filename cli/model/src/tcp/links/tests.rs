@@ -183,7 +183,7 @@ fn an_exited_owner_keeps_its_role_and_its_quiet_links_are_forgotten() {
     let mut t = LinkTable::default();
     let child = 30;
     // The child exited before the read: its role was remembered then.
-    t.remember_role(child, "server child".into());
+    t.remember_role(child, "server child");
     let link = active(child, "127.0.0.1:5432");
     t.observe_snapshot(read(vec![(link, totals(1, 1, 0, 1))], None));
     assert_eq!(
@@ -220,7 +220,7 @@ fn past_the_bound_unused_role_names_go_and_a_remembered_owner_keeps_its_own() {
     // 100000, is still counting on a link when the others' roles age out.
     const FIRST: u32 = 100_000;
     for pid in FIRST..FIRST + MAX_ROLE_NAMES as u32 + 10 {
-        t.remember_role(pid, format!("role {pid}"));
+        t.remember_role(pid, &format!("role {pid}"));
     }
     let link = active(FIRST, "127.0.0.1:5432");
     for n in 1..=ROLE_MEMORY {
@@ -231,7 +231,7 @@ fn past_the_bound_unused_role_names_go_and_a_remembered_owner_keeps_its_own() {
     let first_read = MAX_ROLE_NAMES + 10 + roles().len();
     assert_eq!(t.role_names.names.len(), first_read);
     for pid in 2 * FIRST..2 * FIRST + first_read as u32 + 1 {
-        t.remember_role(pid, format!("role {pid}"));
+        t.remember_role(pid, &format!("role {pid}"));
     }
     let next = ROLE_MEMORY + 1;
     t.observe_snapshot(read(vec![(link, totals(next, 0, 0, 0))], None));
@@ -245,7 +245,7 @@ fn past_the_bound_unused_role_names_go_and_a_remembered_owner_keeps_its_own() {
     assert_eq!(in_use.len(), 1 + first_read + 1 + roles().len());
     // The link's owner is still named by its role, and a name let go
     // is interned anew when it returns.
-    t.remember_role(FIRST + 1, "role 100001".into());
+    t.remember_role(FIRST + 1, "role 100001");
     t.observe_snapshot(read(
         vec![
             (link, totals(next + 1, 0, 0, 0)),
@@ -339,7 +339,7 @@ fn a_process_whose_role_settles_takes_its_links_along() {
     // This interval: 2 + 1 opens of the server's, none of the other's.
     assert_eq!((r.opens.interval, r.closes.interval), (3, 4));
     // Retiring under the same role moves nothing.
-    t.remember_role(SERVER, "srv master".into());
+    t.remember_role(SERVER, "srv master");
     assert_eq!(
         row(&t, Some("srv master"), "127.0.0.1:80 ← 127.0.0.1")
             .opens
