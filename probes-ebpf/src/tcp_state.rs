@@ -109,6 +109,11 @@ struct Change {
 #[repr(C)]
 struct Taken {
     next: u64,
+    /// `next` when the nested copy started: kept here, not on its stack,
+    /// which 6.1's verifier holds to 512 bytes with its calls' frames,
+    /// and 8 bytes more made it refuse the copy (the state probe then
+    /// fell back to the classic tracepoint).
+    nested_start: u64,
     changes: [Change; TAKEN],
 }
 
@@ -176,9 +181,17 @@ pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
         return 0;
     };
     // SAFETY: this CPU's value of a one-entry array, which lives as long as
-    // the map; the first copy, interrupting, writes only its newest slot.
-    let start = unsafe { core::ptr::read_volatile(&raw const (*t).next) };
+    // the map; the first copy, interrupting, writes only its newest slot
+    // and `next`, and this copy does not nest in itself.
+    unsafe {
+        let start = core::ptr::read_volatile(&raw const (*t).next);
+        core::ptr::write_volatile(&raw mut (*t).nested_start, start);
+    }
     nested_change(&ctx, t);
+    // Looked up again: the pointer kept across the call would take stack.
+    let Some(t) = STATE_BTF_TAKEN.get_ptr_mut(0) else {
+        return 0;
+    };
     // Notes the first copy took while this copy ran are of changes that
     // interrupted it, for which the kernel skipped this copy: no run uses
     // them up, and a later socket at the same address with the same change
@@ -188,6 +201,7 @@ pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
     // instructions between the kernel's guard and this copy's reads.
     // SAFETY: as above.
     unsafe {
+        let start = core::ptr::read_volatile(&raw const (*t).nested_start);
         let end = core::ptr::read_volatile(&raw const (*t).next);
         for k in 0..TAKEN as u64 {
             if start.wrapping_add(k) == end {
@@ -206,7 +220,20 @@ pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
 #[inline(always)]
 fn nested_change(ctx: &BtfTracePointContext, t: *mut Taken) {
     let (sk, old, new) = btf_args(ctx);
-    let this = change(sk, old, new);
+    if use_up_note(t, sk, u64::from(old) << 8 | u64::from(new)) {
+        return;
+    }
+    events::count(Stat::TcpStateNested);
+    on_btf_change(ctx, None, old, new, Instance::Nested);
+}
+
+/// Whether the first copy noted the change (`sk`, `states`) in `t`; the
+/// note is used up. A call of its own: its search's stack is then not in
+/// the nested copy's frame, which 6.1's verifier holds, with its calls',
+/// to 512 bytes.
+#[inline(never)]
+fn use_up_note(t: *mut Taken, sk: u64, states: u64) -> bool {
+    let this = Change { sk, states };
     // SAFETY: see `tcp_state_btf_nested`.
     let (next, changes) = unsafe { ((*t).next, &mut (*t).changes) };
     // The first copy's newest note, unless a change in between took its
@@ -216,15 +243,17 @@ fn nested_change(ctx: &BtfTracePointContext, t: *mut Taken) {
         Some(c) if *c == this => Some(c),
         _ => changes.iter_mut().find(|c| **c == this),
     };
-    if let Some(taken) = found {
-        // Used up: the kernel reuses a closed socket's memory at once, so
-        // the next connection's same change (say, its close) may come with
-        // the same address and states, and must not pass for this one.
-        taken.sk = 0;
-        return;
+    match found {
+        Some(taken) => {
+            // Used up: the kernel reuses a closed socket's memory at once,
+            // so the next connection's same change (say, its close) may
+            // come with the same address and states, and must not pass
+            // for this one.
+            taken.sk = 0;
+            true
+        }
+        None => false,
     }
-    events::count(Stat::TcpStateNested);
-    on_btf_change(ctx, None, old, new, Instance::Nested);
 }
 
 #[inline(always)]
