@@ -12,7 +12,11 @@ use std::{
 
 use clap::ValueEnum as _;
 use stackprobe_model::tcp::sockets::TcpState;
-use stackprobe_probes::{Options, rungs::QueueRung};
+use stackprobe_probes::{
+    Options,
+    rungs::{QueueRung, StateRung},
+    tcp,
+};
 use support::*;
 
 /// `ss -Htan state STATE` lines whose local address (the third column) is `local`.
@@ -26,6 +30,21 @@ fn ss_count(state: &str, local: &str) -> usize {
         .lines()
         .filter(|l| l.split_whitespace().nth(2) == Some(local))
         .count()
+}
+
+#[test]
+fn the_state_probe_is_on_tp_btf_wherever_the_kernel_can_serve_it() {
+    // The classic tracepoint loses changes silently on kernels before 6.7
+    // (while another BPF program or a map syscall holds the CPU): a
+    // verifier refusing the tp_btf copies, as 6.1's did for 8 bytes of
+    // stack, must fail here rather than fall back unseen.
+    let _lock = probe_lock();
+    let s = Session::start();
+    let probes = s.collector.probes();
+    match probes.state_btf_refused() {
+        None => assert_eq!(probes.state_rung(), StateRung::BtfTracepoint),
+        Some(why) => assert_eq!(why, tcp::SK_PROTOCOL_BITFIELD, "tp_btf refused"),
+    }
 }
 
 #[test]

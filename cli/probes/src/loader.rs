@@ -77,6 +77,8 @@ pub struct Probes {
     unix_service: Option<UnixServiceRung>,
     run_queue: bool,
     state_rung: StateRung,
+    /// Why the state probe is not on tp_btf, if it is not.
+    state_btf_refused: Option<String>,
     _stats: Option<OwnedFd>,
     // Last: it prints what the programs log until they are detached.
     _kernel_log: Option<KernelLog>,
@@ -153,7 +155,8 @@ impl Probes {
         let unix_queue_rung =
             unix_queue::attach(&mut ebpf, &tracefs, &btf, options.unix_queue_rung)?;
         tcp::load(&mut ebpf, &btf)?;
-        let state_rung = tcp::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
+        let (state_rung, state_btf_refused) =
+            tcp::attach(&mut ebpf, &tracefs, &btf, kernel.state_tp_btf)?;
         if options.run_queue {
             run_queue::attach(&mut ebpf, &btf)?;
         }
@@ -176,6 +179,7 @@ impl Probes {
             unix_service,
             run_queue: options.run_queue,
             state_rung,
+            state_btf_refused,
             _stats: stats,
             _kernel_log: kernel_log,
         })
@@ -217,6 +221,13 @@ impl Probes {
     /// The hook TCP state changes are counted from on this kernel.
     pub fn state_rung(&self) -> StateRung {
         self.state_rung
+    }
+
+    /// Why the state probe is on the classic tracepoint, if it is: this
+    /// kernel's BTF cannot serve it, or its verifier refused the tp_btf
+    /// programs (a defect of ours).
+    pub fn state_btf_refused(&self) -> Option<&str> {
+        self.state_btf_refused.as_deref()
     }
 
     /// How the accept probe finds an accepted socket on this kernel.

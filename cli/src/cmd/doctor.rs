@@ -93,6 +93,17 @@ pub fn run() -> Result<()> {
                     Verdict::Ok,
                     "tracefs and tracepoints: every probe loaded and attached; BTF offsets checked on a test connection of stackprobe's own",
                 ));
+                if let Some(why) = probes.state_btf_refused() {
+                    // The classic tracepoint's runs are skipped while any
+                    // other tracing program runs on the CPU, or a map
+                    // syscall holds it, and kernels before 6.7 count none.
+                    lines.push(line(
+                        Verdict::Note,
+                        format!(
+                            "TCP state changes: on the classic tracepoint, not tp_btf ({why}): a change that comes while another BPF program runs on its CPU is lost, and kernels before 6.7 do not count such losses"
+                        ),
+                    ));
+                }
                 lines.push(match probes.tcp_sockets() {
                     Ok(sockets) => line(
                         Verdict::Ok,

@@ -77,27 +77,32 @@ pub fn setup(btf: &KernelBtf, tracefs: &Tracefs) -> Result<Setup> {
     })
 }
 
+/// Why a kernel before 5.6 gets the classic tracepoint: the one reason
+/// that is the kernel's, not ours.
+pub const SK_PROTOCOL_BITFIELD: &str = "sock.sk_protocol is a bitfield here";
+
 /// Whether the tp_btf state program can read what it needs here (it reads
 /// `sk_protocol` directly, which was a bitfield before 5.6).
 pub fn tp_btf_readable(btf: &KernelBtf) -> bool {
     btf.offsets(PROTOCOL_MEMBER).is_ok()
 }
 
-/// Attaches the state probe to the best hook this kernel offers.
+/// Attaches the state probe to the best hook this kernel offers; with
+/// the classic tracepoint, why tp_btf was not taken.
 pub fn attach(
     ebpf: &mut Ebpf,
     tracefs: &Tracefs,
     btf: &Btf,
     tp_btf_readable: bool,
-) -> Result<StateRung> {
+) -> Result<(StateRung, Option<String>)> {
     let btf_tracepoint = if tp_btf_readable {
         attach_btf_tracepoint(ebpf, btf)
     } else {
-        Err(anyhow!("sock.sk_protocol is a bitfield here"))
+        Err(anyhow!(SK_PROTOCOL_BITFIELD))
     };
     match btf_tracepoint {
-        Ok(()) => Ok(StateRung::BtfTracepoint),
-        Err(_) => {
+        Ok(()) => Ok((StateRung::BtfTracepoint, None)),
+        Err(e) => {
             for name in [STATE_BTF_PROGRAM, STATE_BTF_NESTED_PROGRAM] {
                 if let Ok(p) = program::<BtfTracePoint>(ebpf, name) {
                     let _ = p.unload();
@@ -110,7 +115,7 @@ pub fn attach(
                 "sock",
                 &["inet_sock_set_state"],
             )?;
-            Ok(StateRung::Tracepoint)
+            Ok((StateRung::Tracepoint, Some(format!("{e:#}"))))
         }
     }
 }
