@@ -36,8 +36,8 @@ fn ss_count(state: &str, local: &str) -> usize {
 fn the_state_probe_is_on_tp_btf_wherever_the_kernel_can_serve_it() {
     // The classic tracepoint loses changes silently on kernels before 6.7
     // (while another BPF program or a map syscall holds the CPU): a
-    // verifier refusing the tp_btf copies, as 6.1's did for 8 bytes of
-    // stack, must fail here rather than fall back unseen.
+    // verifier refusing the tp_btf copies, as 6.1's did for 32 bytes of
+    // stack over its 512, must fail here rather than fall back unseen.
     let _lock = probe_lock();
     let s = Session::start();
     let probes = s.collector.probes();

@@ -110,9 +110,9 @@ struct Change {
 struct Taken {
     next: u64,
     /// `next` when the nested copy started: kept here, not on its stack,
-    /// which 6.1's verifier holds to 512 bytes with its calls' frames,
-    /// and 8 bytes more made it refuse the copy (the state probe then
-    /// fell back to the classic tracepoint).
+    /// which 6.1's verifier holds to 512 bytes with its calls' frames
+    /// (each rounded up to 32); at 544 it refused the copy, and the state
+    /// probe fell back to the classic tracepoint.
     nested_start: u64,
     changes: [Change; TAKEN],
 }
