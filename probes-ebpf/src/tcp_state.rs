@@ -220,7 +220,8 @@ pub fn tcp_state_btf_nested(ctx: BtfTracePointContext) -> u32 {
 #[inline(always)]
 fn nested_change(ctx: &BtfTracePointContext, t: *mut Taken) {
     let (sk, old, new) = btf_args(ctx);
-    if use_up_note(t, sk, u64::from(old) << 8 | u64::from(new)) {
+    let this = change(sk, old, new);
+    if use_up_note(t, this.sk, this.states) {
         return;
     }
     events::count(Stat::TcpStateNested);
