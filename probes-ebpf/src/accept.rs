@@ -173,7 +173,12 @@ pub fn accept_exit(ctx: TracePointContext) -> u32 {
     // sockets and connections established before attach.
     let tracked = tracked::get(sk);
     let arrived = match tracked {
+        // Arrived as the acceptor's already: the listener is its, and the
+        // map of listeners needs no lookup (a cold one per accept, where
+        // the process that listens accepts too, as postgres does).
         // SAFETY: see tracked::get; copied out at once.
+        Some(p) if unsafe { (*p.as_ptr()).owner } == tgid => None,
+        // SAFETY: as above.
         Some(p) => unsafe { Some(((*p.as_ptr()).lport, (*p.as_ptr()).netns)) },
         None => tcp_sock::port_and_netns(sk),
     };
