@@ -58,9 +58,14 @@ pub fn unix_scratch() -> Option<&'static mut UnixDestination> {
 /// leaves it unnamed, which userspace says).
 #[inline(always)]
 pub fn name_unix(id: u64, d: &UnixDestination) {
+    if named_lately(UNIX, id) {
+        return;
+    }
     // SAFETY: only whether the entry exists is used.
-    if unsafe { UNIX_DESTINATIONS.get(id) }.is_none() {
-        let _ = UNIX_DESTINATIONS.insert(id, d, 0);
+    let named = unsafe { UNIX_DESTINATIONS.get(id) }.is_some()
+        || UNIX_DESTINATIONS.insert(id, d, 0).is_ok();
+    if named {
+        note_named(UNIX, id);
     }
 }
 
@@ -93,8 +98,61 @@ impl Ends {
 /// Names a TCP destination unless it is named already.
 #[inline(always)]
 pub fn name_tcp(id: u64, d: &TcpDestination) {
+    if named_lately(TCP, id) {
+        return;
+    }
     // SAFETY: as above.
-    if unsafe { TCP_DESTINATIONS.get(id) }.is_none() {
-        let _ = TCP_DESTINATIONS.insert(id, d, 0);
+    let named =
+        unsafe { TCP_DESTINATIONS.get(id) }.is_some() || TCP_DESTINATIONS.insert(id, d, 0).is_ok();
+    if named {
+        note_named(TCP, id);
+    }
+}
+
+/// [`NAMED_HERE`]'s entries.
+const TCP: u32 = 0;
+const UNIX: u32 = 1;
+
+/// How many destinations of each kind a CPU remembers naming.
+const NAMED_HERE_IDS: usize = 4;
+
+/// The destinations this CPU named last, per kind (TCP, unix), newest
+/// first: a connect to one of them skips the names' map, whose lookup was
+/// a cold line or two per connect (a quarter of the unix connect's exit
+/// under the lab's new.php), though most connects go to a few places.
+/// Every id here was named when it was put here. An id stays here while
+/// this CPU keeps connecting to it, which no longer refreshes its entry in
+/// the LRU map: should more than [`DESTINATIONS_MAX_ENTRIES`] other
+/// destinations push it out meanwhile, userspace, which keeps the names it
+/// read (as many), shows it as unknown if it had not read it yet.
+#[map]
+static NAMED_HERE: PerCpuArray<[u64; NAMED_HERE_IDS]> = PerCpuArray::with_max_entries(2, 0);
+
+/// Whether this CPU named `id` (of `kind`) among its last few.
+#[inline(always)]
+fn named_lately(kind: u32, id: u64) -> bool {
+    let Some(ids) = NAMED_HERE.get_ptr(kind) else {
+        return false;
+    };
+    // SAFETY: this CPU's value of an array, which lives as long as the map,
+    // read word by word; a nested run (the state probe's second copy)
+    // writes only ids it named.
+    unsafe { (*ids).contains(&id) }
+}
+
+/// Notes that this CPU named `id` (of `kind`): newest first, the oldest
+/// dropped.
+#[inline(always)]
+fn note_named(kind: u32, id: u64) {
+    if let Some(ids) = NAMED_HERE.get_ptr_mut(kind) {
+        // SAFETY: as above; a nested run writing meanwhile at worst drops
+        // an id from the list, which costs a lookup later.
+        unsafe {
+            let ids = &mut *ids;
+            for i in (1..NAMED_HERE_IDS).rev() {
+                ids[i] = ids[i - 1];
+            }
+            ids[0] = id;
+        }
     }
 }
