@@ -119,8 +119,9 @@ const NAMED_HERE_IDS: usize = 4;
 /// The destinations this CPU named last, per kind (TCP, unix), newest
 /// first: a connect to one of them skips the names' map, whose lookup was
 /// a cold line or two per connect (a quarter of the unix connect's exit
-/// under the lab's new.php), though most connects go to a few places.
-/// Every id here was named when it was put here. An id stays here while
+/// under the lab's new.php), while most connects go to a few places.
+/// Every id here was named when it was put here, and ids have their
+/// lowest bit set, so the zeroed start matches none. An id stays here while
 /// this CPU keeps connecting to it, which no longer refreshes its entry in
 /// the LRU map: should more than [`DESTINATIONS_MAX_ENTRIES`] other
 /// destinations push it out meanwhile, userspace, which keeps the names it
