@@ -372,7 +372,7 @@ impl Sockets {
                 // A copy of a parent read before holds no listener it did
                 // not, so none of the unowned.
                 if unseen.is_empty()
-                    && let Some(at) = fds::inherited(pid, forked(pid), &self.scanned)
+                    && let Some(at) = fds::inherited(forked(pid), &self.scanned)
                 {
                     copied.insert(pid, at);
                     continue;
@@ -381,9 +381,7 @@ impl Sockets {
                     if wanted.contains(&ino)
                         && let Some(owner) = self.owner_of.get_mut(&ino)
                     {
-                        // Lowest pid first: the first found is the owner,
-                        // unless a lower one was found in an earlier look.
-                        *owner = Some(owner.map_or(pid, |o| o.min(pid)));
+                        *owner = Some(owner.map_or(pid, |o| fds::first_holder(o, pid, &parent_of)));
                         holders.entry(ino).or_default().push(pid);
                     }
                 }
@@ -593,7 +591,7 @@ mod tests {
         let mut s = Sockets::default();
         // Postmaster 20 holds 300; sshd's 22 (200) is no watched
         // process's, so each new process is read for it.
-        let fds = Fds::new(&[(20, &[300]), (21, &[300]), (5, &[300])]);
+        let fds = Fds::new(&[(20, &[300, 400]), (21, &[300]), (5, &[300, 400])]);
         let listening = HashMap::from([(300, 5432), (200, 22)]);
         let clock = || 1_000_000_000;
         s.find_owners(
@@ -605,8 +603,9 @@ mod tests {
             clock,
         );
         assert_eq!(fds.taken(), vec![20]);
-        // Forked by 20 after its read: a copy of its fds. Forked by 20 as
-        // it was read, or with a pid below its parent's: read.
+        // Forked by 20 after its read: a copy of its fds, even with a pid
+        // below its parent's (pids wrapped). Forked by 20 as it was read:
+        // read.
         let after = 2_000_000_000;
         let forks = HashMap::from([
             (21, (20, after)),
@@ -622,7 +621,7 @@ mod tests {
             forked,
             clock,
         );
-        assert_eq!(fds.taken(), vec![5, 22]);
+        assert_eq!(fds.taken(), vec![22]);
         assert_eq!((s.owner_of[&300], s.owner_of[&200]), (Some(20), None));
         assert_eq!(s.scanned[&21], after, "known since its fork");
         // Its own child is a copy of a copy.
@@ -636,17 +635,20 @@ mod tests {
             clock,
         );
         assert!(fds.taken().is_empty());
-        // A new listener: every process is read, copies too.
+        // A new listener: every process is read, copies too. 20 and its
+        // child 5 hold it: it is 20's, the lower pid notwithstanding.
         let listening = HashMap::from([(300, 5432), (200, 22), (400, 80)]);
+        let parent_of = |p: u32| (p != 20).then_some(if p == 23 { 21 } else { 20 });
         s.find_owners(
             &listening,
             &[5, 20, 21, 22, 23],
             |p| fds.inodes(p),
-            no_parent,
+            parent_of,
             |p| forks.get(&p).copied(),
             clock,
         );
         assert_eq!(fds.taken(), vec![5, 20, 21, 22, 23]);
+        assert_eq!(s.owner_of[&400], Some(20));
     }
 
     #[test]
