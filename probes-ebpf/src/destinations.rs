@@ -58,15 +58,7 @@ pub fn unix_scratch() -> Option<&'static mut UnixDestination> {
 /// leaves it unnamed, which userspace says).
 #[inline(always)]
 pub fn name_unix(id: u64, d: &UnixDestination) {
-    if named_lately(UNIX, id) {
-        return;
-    }
-    // SAFETY: only whether the entry exists is used.
-    let named = unsafe { UNIX_DESTINATIONS.get(id) }.is_some()
-        || UNIX_DESTINATIONS.insert(id, d, 0).is_ok();
-    if named {
-        note_named(UNIX, id);
-    }
+    name(&UNIX_DESTINATIONS, UNIX, id, d);
 }
 
 impl Ends {
@@ -98,14 +90,20 @@ impl Ends {
 /// Names a TCP destination unless it is named already.
 #[inline(always)]
 pub fn name_tcp(id: u64, d: &TcpDestination) {
-    if named_lately(TCP, id) {
+    name(&TCP_DESTINATIONS, TCP, id, d);
+}
+
+/// Puts `d` under `id` in `names` (the map of `kind`'s names) unless this
+/// CPU named it lately or the map has it already.
+#[inline(always)]
+fn name<V>(names: &LruHashMap<u64, V>, kind: u32, id: u64, d: &V) {
+    if named_lately(kind, id) {
         return;
     }
-    // SAFETY: as above.
-    let named =
-        unsafe { TCP_DESTINATIONS.get(id) }.is_some() || TCP_DESTINATIONS.insert(id, d, 0).is_ok();
+    // SAFETY: only whether the entry exists is used.
+    let named = unsafe { names.get(id) }.is_some() || names.insert(id, d, 0).is_ok();
     if named {
-        note_named(TCP, id);
+        note_named(kind, id);
     }
 }
 
