@@ -33,8 +33,12 @@ pub type Known = HashMap<u32, u64>;
 /// The parent and fork time of `pid` if the table saw it forked (while the
 /// probes watched).
 pub fn forked(table: &ProcessTable, pid: u32) -> Option<(u32, u64)> {
-    let p = table.get(pid)?;
-    Some((p.parent.as_ref()?.0, p.born_ns?))
+    Some((parent(table, pid)?, table.get(pid)?.born_ns?))
+}
+
+/// `pid`'s parent, if the table knows it.
+pub fn parent(table: &ProcessTable, pid: u32) -> Option<u32> {
+    Some(table.get(pid)?.parent.as_ref()?.0)
 }
 
 /// When a process's fds became known without a read of its own: at its

@@ -290,12 +290,11 @@ impl Sockets {
             .collect();
         let mut pids: Vec<u32> = table.iter().filter(|p| p.watched).map(|p| p.pid).collect();
         pids.sort_unstable();
-        let parent_of = |pid: u32| table.get(pid).and_then(|p| p.parent.as_ref()).map(|p| p.0);
         self.find_owners(
             &listening,
             &pids,
             procfs::socket_inodes,
-            parent_of,
+            |pid| fds::parent(table, pid),
             |pid| fds::forked(table, pid),
             probes_clock_ns,
         );

@@ -90,7 +90,6 @@ impl UnixSockets {
         for &ino in &now {
             self.owner_of.entry(ino).or_insert(None);
         }
-        let parent_of = |pid: u32| table.get(pid).and_then(|p| p.parent.as_ref()).map(|p| p.0);
         let mut copied = fds::Known::new();
         for pid in readers {
             // A copy of a parent read before holds no listener it did not.
@@ -100,7 +99,9 @@ impl UnixSockets {
             }
             for ino in procfs::socket_inodes(pid) {
                 if let Some(owner) = self.owner_of.get_mut(&ino) {
-                    *owner = Some(owner.map_or(pid, |o| fds::first_holder(o, pid, parent_of)));
+                    *owner = Some(owner.map_or(pid, |o| {
+                        fds::first_holder(o, pid, |p| fds::parent(table, p))
+                    }));
                 }
             }
         }
