@@ -148,20 +148,48 @@ impl Traced {
     fn stop(mut self) -> Vec<String> {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let sent = Instant::now();
         while self.child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
+            if sent.elapsed() > Duration::from_secs(30) {
+                // Where it is stuck says more than that it is.
+                let stuck = where_stuck(self.child.id());
                 let _ = self.child.kill();
-                panic!("did not exit within 30 s of SIGINT");
+                panic!("did not exit within 30 s of SIGINT; its threads:\n{stuck}");
             }
             thread::sleep(Duration::from_millis(20));
         }
+        eprintln!("  | exited {:?} after SIGINT", sent.elapsed());
         let mut out = Vec::new();
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
             out.push(line);
         }
         out
     }
+}
+
+/// Each thread of `pid`: its name, state, syscall and kernel stack, as
+/// /proc shows them.
+fn where_stuck(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let state = read("status")
+            .lines()
+            .filter(|l| l.starts_with("Name:") || l.starts_with("State:"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        out += &format!(
+            "{:?}: {state}; syscall {}; stack:\n{}",
+            task.file_name(),
+            read("syscall").trim(),
+            read("stack")
+        );
+    }
+    out
 }
 
 fn watch() -> Traced {
