@@ -144,22 +144,36 @@ impl Traced {
         Traced { child, lines }
     }
 
-    /// SIGINT, then every stdout line it printed until it exited.
+    /// SIGINT, then every stdout line it printed until it exited: within
+    /// 30 s, or 120 s once stackprobe's summary is out. After the summary
+    /// it only detaches, and each tracepoint's detach waits out RCU grace
+    /// periods, which a contended machine stretches (~75 ms each here).
     fn stop(mut self) -> Vec<String> {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
         let sent = Instant::now();
+        let mut out = Vec::new();
+        let mut told = false;
         while self.child.try_wait().unwrap().is_none() {
-            if sent.elapsed() > Duration::from_secs(30) {
+            out.extend(self.lines.try_iter());
+            let summarized = out.iter().any(|l| l.contains("\"type\":\"summary\""));
+            let limit = Duration::from_secs(if summarized { 120 } else { 30 });
+            if sent.elapsed() > limit {
                 // Where it is stuck says more than that it is.
                 let stuck = where_stuck(self.child.id());
                 let _ = self.child.kill();
-                panic!("did not exit within 30 s of SIGINT; its threads:\n{stuck}");
+                panic!("did not exit within {limit:?} of SIGINT; its threads:\n{stuck}");
+            }
+            if summarized && !told && sent.elapsed() > Duration::from_secs(30) {
+                told = true;
+                let stuck = where_stuck(self.child.id());
+                eprintln!(
+                    "  | summarized, still not exited 30 s after SIGINT; its threads:\n{stuck}"
+                );
             }
             thread::sleep(Duration::from_millis(20));
         }
         eprintln!("  | exited {:?} after SIGINT", sent.elapsed());
-        let mut out = Vec::new();
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
             out.push(line);
         }
