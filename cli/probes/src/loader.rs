@@ -541,35 +541,6 @@ pub fn slot_count(pid_max: u32) -> u32 {
         .min(MAX_SLOTS)
 }
 
-impl Drop for Probes {
-    /// Detaches every program at once: closing a tracepoint's perf event
-    /// waits for RCU grace periods (~75 ms each here), and one after another
-    /// they held Ctrl-C's exit ~1.2 s (0.75 s at once: the kernel still
-    /// serializes part of it).
-    fn drop(&mut self) {
-        std::thread::scope(|scope| {
-            for (_, program) in self.ebpf.programs_mut() {
-                // Out of threads, it is left to the program's own drop,
-                // which detaches it after.
-                let _ = std::thread::Builder::new().spawn_scoped(scope, || unload(program));
-            }
-        });
-    }
-}
-
-/// Unloads `program`, detaching its links; any kind not listed, or an
-/// error, is left to the program's own drop.
-fn unload(program: &mut aya::programs::Program) {
-    use aya::programs::Program;
-    let _ = match program {
-        Program::TracePoint(p) => p.unload(),
-        Program::BtfTracePoint(p) => p.unload(),
-        Program::RawTracePoint(p) => p.unload(),
-        Program::Iter(p) => p.unload(),
-        _ => Ok(()),
-    };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
