@@ -153,10 +153,12 @@ impl Traced {
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
         let sent = Instant::now();
         let mut out = Vec::new();
-        let mut told = false;
+        let (mut summarized, mut told) = (false, false);
         while self.child.try_wait().unwrap().is_none() {
-            out.extend(self.lines.try_iter());
-            let summarized = out.iter().any(|l| l.contains("\"type\":\"summary\""));
+            for line in self.lines.try_iter() {
+                summarized |= is_summary(&line);
+                out.push(line);
+            }
             let limit = Duration::from_secs(if summarized { 120 } else { 30 });
             if sent.elapsed() > limit {
                 // Where it is stuck says more than that it is.
@@ -214,11 +216,16 @@ fn watch() -> Traced {
     Traced::start(cmd, "probes attached")
 }
 
+/// Whether `line` is stackprobe's JSON summary, its last report.
+fn is_summary(line: &str) -> bool {
+    line.contains("\"type\":\"summary\"")
+}
+
 fn summary(lines: &[String]) -> Value {
     let json = lines
         .iter()
         .rev()
-        .find(|l| l.contains("\"type\":\"summary\""))
+        .find(|l| is_summary(l))
         .expect("stackprobe printed a summary");
     serde_json::from_str(json).unwrap()
 }
