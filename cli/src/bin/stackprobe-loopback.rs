@@ -234,11 +234,16 @@ fn serve(args: &[String]) -> Result<ExitCode> {
                     "unix" => unix.as_ref().ok_or("no --unix listener")?.as_raw_fd(),
                     other => return Err(format!("unknown listener {other}")),
                 };
-                let waits = pool(fd, n, count, ms, || say("pooling".into()))?;
+                let served = pool(fd, n, count, ms, || say("pooling".into()))?;
+                let (waits, holds): (Vec<u64>, Vec<u64>) = served.into_iter().unzip();
                 let sum: u64 = waits.iter().sum();
                 let min = waits.iter().min().copied().unwrap_or(0);
                 let max = waits.iter().max().copied().unwrap_or(0);
-                say(format!("pooled {count} waits {sum} {min} {max}"))?;
+                let held_sum: u64 = holds.iter().sum();
+                let held_max = holds.iter().max().copied().unwrap_or(0);
+                say(format!(
+                    "pooled {count} waits {sum} {min} {max} held {held_sum} {held_max}"
+                ))?;
             }
             ["threads", n] => {
                 let n: u64 = n.parse().map_err(|e| format!("count: {e}"))?;
@@ -305,20 +310,21 @@ fn monotonic_ns() -> u64 {
 
 /// `n` workers serve `count` connections from `listen_fd` between them, one
 /// at a time each, holding each `ms` milliseconds; the wait of each (its
-/// client's stamp to its accept's return).
+/// client's stamp to its accept's return) and its hold (the accept's return
+/// to the close's: a sleep overshoots by ms where CPUs are short).
 fn pool(
     listen_fd: RawFd,
     n: u64,
     count: u64,
     ms: u64,
     started: impl FnOnce() -> Result<()>,
-) -> Result<Vec<u64>> {
+) -> Result<Vec<(u64, u64)>> {
     use std::sync::{
         Mutex,
         atomic::{AtomicU64, Ordering},
     };
     let left = AtomicU64::new(count);
-    let waits = Mutex::new(Vec::new());
+    let served = Mutex::new(Vec::new());
     std::thread::scope(|scope| -> Result<()> {
         let workers: Vec<_> = (0..n)
             .map(|_| {
@@ -335,9 +341,11 @@ fn pool(
                         conn.read_exact(&mut stamp)
                             .map_err(|e| format!("read: {e}"))?;
                         let wait = accepted.saturating_sub(u64::from_le_bytes(stamp));
-                        waits.lock().map_err(|_| "poisoned")?.push(wait);
                         std::thread::sleep(std::time::Duration::from_millis(ms));
                         conn.write_all(b"x").map_err(|e| format!("write: {e}"))?;
+                        drop(conn);
+                        let held = monotonic_ns() - accepted;
+                        served.lock().map_err(|_| "poisoned")?.push((wait, held));
                     }
                     Ok(())
                 })
@@ -349,7 +357,7 @@ fn pool(
         }
         Ok(())
     })?;
-    waits.into_inner().map_err(|_| "poisoned".into())
+    served.into_inner().map_err(|_| "poisoned".into())
 }
 
 /// Accepts one connection with accept(2) (`plain`) or accept4(2),
@@ -567,8 +575,10 @@ fn clients(args: &[String]) -> Result<ExitCode> {
     };
     let m: u64 = m.parse().map_err(|e| format!("count: {e}"))?;
     // Each connect's time is returned: the kernel queues the connection
-    // inside it, so the stamp precedes the queueing by less than that.
-    let one = || -> io::Result<u64> {
+    // inside it, so the stamp precedes the queueing by less than that. So
+    // is each connection's whole life, the connect's start to the close's
+    // return, which holds whatever the kernel times of it.
+    let one = || -> io::Result<(u64, u64)> {
         let before = monotonic_ns();
         let mut s: Box<dyn ReadWrite> = match kind.as_str() {
             "tcp" => Box::new(TcpStream::connect(addr.as_str())?),
@@ -582,20 +592,23 @@ fn clients(args: &[String]) -> Result<ExitCode> {
         if rest != b"x" {
             return Err(io::Error::other(format!("read {rest:?}, not the byte")));
         }
-        Ok(connecting)
+        drop(s);
+        Ok((connecting, monotonic_ns() - before))
     };
-    let connecting = std::thread::scope(|scope| -> Result<u64> {
+    let (connecting, longest) = std::thread::scope(|scope| -> Result<(u64, u64)> {
         let all: Vec<_> = (0..m).map(|_| scope.spawn(one)).collect();
-        let mut sum = 0;
+        let (mut sum, mut longest) = (0, 0);
         for c in all {
-            sum += c
+            let (connecting, life) = c
                 .join()
                 .map_err(|_| "a client panicked")?
                 .map_err(|e| format!("client of {addr}: {e}"))?;
+            sum += connecting;
+            longest = longest.max(life);
         }
-        Ok(sum)
+        Ok((sum, longest))
     })?;
-    println!("connected {m} in {connecting} ns of connects");
+    println!("connected {m} in {connecting} ns of connects, the longest life {longest} ns");
     Ok(ExitCode::SUCCESS)
 }
 
