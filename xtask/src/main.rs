@@ -134,6 +134,20 @@ enum Bench {
         #[arg(long, default_value_t = 31)]
         seconds: u64,
     },
+    /// Another build of stackprobe (`--baseline`) and this tree's watching
+    /// the lab at once, both orders each round: each program's ns per run
+    /// in both, and their ratio with the order's advantage taken out.
+    Pair {
+        /// The other build's binary (e.g. a worktree's
+        /// target/release/stackprobe).
+        #[arg(long)]
+        baseline: std::path::PathBuf,
+        #[command(flatten)]
+        load: lab::LoadArgs,
+        /// Rounds, each of both orders; medians are reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+    },
     /// Each program's time by source line under the lab's load (perf).
     Lines {
         #[command(flatten)]
@@ -225,6 +239,11 @@ fn main() -> ExitCode {
                         seconds: *seconds,
                     })
                 }
+                Some(Bench::Pair {
+                    baseline,
+                    load,
+                    rounds,
+                }) => bench::pair_standalone(baseline, load, *rounds),
                 Some(Bench::Lines { load, top }) => bench::prepare()
                     .and_then(|()| setup::apt_packages(&bench::lines::PACKAGES))
                     .and_then(|()| bench::lines::run(load, *top))
@@ -234,7 +253,10 @@ fn main() -> ExitCode {
                         Bench::Accept(a) => (&bench::ACCEPT, a),
                         Bench::Fork(a) => (&bench::FORK, a),
                         Bench::Churn(a) => (&bench::CHURN, a),
-                        Bench::Server(_) | Bench::RunQueue { .. } | Bench::Lines { .. } => {
+                        Bench::Server(_)
+                        | Bench::RunQueue { .. }
+                        | Bench::Lines { .. }
+                        | Bench::Pair { .. } => {
                             unreachable!("matched above")
                         }
                     };

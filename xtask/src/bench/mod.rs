@@ -17,6 +17,7 @@ mod floor;
 mod footprint;
 pub mod lines;
 mod loopback;
+pub mod pair;
 pub mod probe_cost;
 pub mod run_queue;
 mod server;
@@ -140,12 +141,28 @@ pub fn all(scale: &Scale) -> Result<()> {
 /// (BENCHMARKS.md is left as it is). The lab is used as found if it is up,
 /// else brought up for the run and taken down after.
 pub fn server_standalone(options: &ServerOptions) -> Result<()> {
+    on_lab(|| server::run_with(options, &Scale { quick: false }))
+}
+
+/// `cargo xtask bench pair`: see [`pair`]; the lab as for
+/// [`server_standalone`].
+pub fn pair_standalone(
+    baseline: &std::path::Path,
+    load: &lab::LoadArgs,
+    rounds: u32,
+) -> Result<()> {
+    on_lab(|| pair::run(baseline, load, rounds))
+}
+
+/// Prints what `run` makes of the lab: used as found if it is up, else
+/// brought up for the run and taken down after.
+fn on_lab(run: impl FnOnce() -> Result<String>) -> Result<()> {
     prepare()?;
     let was_up = lab::is_up();
     let result = if was_up {
-        server::run_with(options, &Scale { quick: false })
+        run()
     } else {
-        lab::up().and_then(|()| server::run_with(options, &Scale { quick: false }))
+        lab::up().and_then(|()| run())
     };
     let down = if was_up { Ok(()) } else { lab::down() };
     let md = result?;
