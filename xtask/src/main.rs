@@ -145,7 +145,7 @@ enum Bench {
         #[command(flatten)]
         load: lab::LoadArgs,
         /// Rounds, each of both orders; medians are reported.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
         rounds: u32,
     },
     /// Each program's time by source line under the lab's load (perf).

@@ -91,15 +91,26 @@ fn watch(bin: &Path) -> Result<Tracer> {
 fn measure(first: &Path, second: &Path, load: &LoadArgs, first_is_base: bool) -> Result<Reading> {
     let before = program_ids()?;
     let t1 = watch(first)?;
-    let firsts = program_ids()?;
-    let t2 = watch(second)?;
-    let p0 = new_programs(&before)?;
-    let cpu0 = (t1.exact_cpu_s()?, t2.exact_cpu_s()?);
-    let (_, _, wrk) = lab::wrk(load)?;
-    let cpu1 = (t1.exact_cpu_s()?, t2.exact_cpu_s()?);
-    let p1 = new_programs(&before)?;
+    // Whatever fails, both are stopped: no watch is left attached.
+    let started = program_ids().and_then(|firsts| Ok((firsts, watch(second)?)));
+    let (firsts, t2) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            t1.end()?;
+            return Err(e);
+        }
+    };
+    let measured = (|| {
+        let p0 = new_programs(&before)?;
+        let cpu0 = (t1.exact_cpu_s()?, t2.exact_cpu_s()?);
+        let (_, _, wrk) = lab::wrk(load)?;
+        let cpu1 = (t1.exact_cpu_s()?, t2.exact_cpu_s()?);
+        let p1 = new_programs(&before)?;
+        Ok::<_, anyhow::Error>((p0, p1, cpu0, cpu1, wrk))
+    })();
     t1.end()?;
     t2.end()?;
+    let (p0, p1, cpu0, cpu1, wrk) = measured?;
     wrk.ensure_clean("bench pair")?;
     let (mut r1, mut r2) = (Runs::new(), Runs::new());
     for (id, (name, runs, ns)) in &p1 {
