@@ -1,7 +1,8 @@
 //! `cargo xtask bench pair --baseline BIN`: another build of stackprobe
 //! and this tree's release build watching the lab at once, under one load,
 //! so that a change of a few percent in a program shows through this
-//! machine's noise (runs of one build a minute apart differ by 15 %).
+//! machine's noise (runs of one build a minute apart differ by up to a
+//! third).
 //!
 //! Both builds attach to the same hooks, and the program the kernel runs
 //! second on a hook finds the lines the first just read (the socket's
