@@ -12,7 +12,7 @@
 //! ratios, in which that advantage cancels.
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     fmt::Write as _,
     path::Path,
     process::Command,
@@ -23,7 +23,7 @@ use anyhow::{Result, ensure};
 use super::{
     server::STACKPROBE_ARGS,
     spread,
-    tracer::{Tracer, new_programs, program_ids},
+    tracer::{Tracer, new_programs, program_ids, program_runs},
 };
 use crate::{
     lab::{self, LoadArgs},
@@ -113,18 +113,23 @@ fn measure(first: &Path, second: &Path, load: &LoadArgs, first_is_base: bool) ->
     t2.end()?;
     let (p0, p1, cpu0, cpu1, wrk) = measured?;
     wrk.ensure_clean("bench pair")?;
-    let (mut r1, mut r2) = (Runs::new(), Runs::new());
-    for (id, (name, runs, ns)) in &p1 {
-        let (runs0, ns0) = p0.get(id).map_or((0, 0), |p| (p.1, p.2));
-        let runs_of = if firsts.contains(id) {
-            &mut r1
-        } else {
-            &mut r2
-        };
-        let e = runs_of.entry(name.clone()).or_default();
-        e.0 += runs - runs0;
-        e.1 += ns - ns0;
-    }
+    // What the first build's programs ran (`first`), or the second's, by
+    // name.
+    let runs_of = |first: bool| {
+        let after = p1
+            .iter()
+            .filter(|(id, _)| firsts.contains(id) == first)
+            .map(|(id, p)| (*id, p.clone()))
+            .collect();
+        let mut by_name = Runs::new();
+        for run in program_runs(&p0, &after, &HashMap::new()) {
+            let e = by_name.entry(run.name).or_default();
+            e.0 += run.runs;
+            e.1 += run.ns;
+        }
+        by_name
+    };
+    let (r1, r2) = (runs_of(true), runs_of(false));
     let cpu = ((cpu1.0 - cpu0.0) * 1e9, (cpu1.1 - cpu0.1) * 1e9);
     let ((baseline, this), (baseline_cpu_ns, this_cpu_ns)) = if first_is_base {
         ((r1, r2), cpu)
